@@ -1,0 +1,69 @@
+"""Boundary checks: public functions validate ranks and sizes here and raise one-line ``ValueError``s."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import jax.numpy as jnp
+import numpy as np
+
+
+def shape_str(x) -> str:
+    """``[3, 5, 7]`` for an array (or a shape tuple)."""
+    shape = x if isinstance(x, tuple) else tuple(np.shape(x))
+    return "[" + ", ".join(str(d) for d in shape) + "]"
+
+
+def check_min_rank(name: str, x, rank: int) -> None:
+    """Raise unless ``x`` has at least ``rank`` axes."""
+    if np.ndim(x) < rank:
+        raise ValueError(f"{name} must have at least {rank} axes, got shape {shape_str(x)}")
+
+
+def check_rank(name: str, x, rank: int) -> None:
+    """Raise unless ``x`` has exactly ``rank`` axes."""
+    if np.ndim(x) != rank:
+        raise ValueError(f"{name} must have exactly {rank} axes, got shape {shape_str(x)}")
+
+
+def check_size(name: str, x, axis: int, size: int, what: str) -> None:
+    """Raise unless ``x.shape[axis] == size``; ``what`` names where ``size`` comes from."""
+    if np.shape(x)[axis] != size:
+        raise ValueError(
+            f"{name} axis {axis} has size {np.shape(x)[axis]} but {what} is {size} (shape {shape_str(x)})"
+        )
+
+
+def check_broadcastable(names: Sequence[str], shapes: Sequence[tuple[int, ...]]) -> tuple[int, ...]:
+    """Broadcast shapes or raise naming every operand; returns the broadcast shape."""
+    try:
+        return tuple(np.broadcast_shapes(*shapes))
+    except ValueError:
+        pairs = ", ".join(f"{n} {shape_str(tuple(s))}" for n, s in zip(names, shapes, strict=True))
+        raise ValueError(f"shapes do not broadcast: {pairs}") from None
+
+
+def check_mask(mask, logits_shape: tuple[int, ...], what: str = "attention logits [..., T, S]") -> None:
+    """Raise unless ``mask`` is boolean and broadcasts to ``logits_shape``."""
+    if mask is None:
+        return
+    if jnp.asarray(mask).dtype != jnp.bool_:
+        raise ValueError(
+            f"mask must be boolean (True = may attend), got dtype {jnp.asarray(mask).dtype}; "
+            "for PyTorch-style masks (True = padding) use attn_jax.from_torch_key_padding_mask"
+        )
+    try:
+        out = tuple(np.broadcast_shapes(np.shape(mask), tuple(logits_shape)))
+    except ValueError:
+        out = None
+    if out != tuple(logits_shape):
+        raise ValueError(
+            f"mask of shape {shape_str(np.shape(mask))} does not broadcast to the {what} of shape "
+            f"{shape_str(tuple(logits_shape))}"
+        )
+
+
+def check_floating(name: str, x) -> None:
+    """Raise unless ``x`` has a floating dtype."""
+    if not jnp.issubdtype(jnp.asarray(x).dtype, jnp.floating):
+        raise ValueError(f"{name} must be floating point, got dtype {jnp.asarray(x).dtype}")
