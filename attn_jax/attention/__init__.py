@@ -4,6 +4,52 @@ No Flax in here: parameters are plain pytrees (dicts of arrays), every function 
 accepts any number of leading batch axes ``[..., T, D]``. The numerics policy is written in ``_softmax.py``.
 """
 
+from attn_jax.attention._additive import (
+    additive_attention,
+    additive_attention_step,
+    additive_scores,
+    init_additive_params,
+    project_keys,
+)
+from attn_jax.attention._dot_product import dot_product_attention, dot_product_scores
+from attn_jax.attention._local import (
+    init_local_p_params,
+    local_attention,
+    local_window_mask,
+    monotonic_centers,
+    predictive_centers,
+)
+from attn_jax.attention._luong import (
+    concat_scores,
+    dot_scores,
+    general_scores,
+    init_general_params,
+    init_location_params,
+    location_scores,
+    luong_attention,
+)
+from attn_jax.attention._masks import (
+    combine_masks,
+    from_torch_attn_mask,
+    from_torch_key_padding_mask,
+    key_padding_mask,
+    make_attention_mask,
+    make_causal_mask,
+    make_padding_mask,
+    padding_mask_from_tokens,
+)
+from attn_jax.attention._multihead import (
+    init_multi_head_params,
+    merge_heads,
+    multi_head_attention,
+    split_heads,
+)
+from attn_jax.attention._positional import (
+    init_learned_positions,
+    learned_positions,
+    rotary_embedding,
+    sinusoidal_positions,
+)
 from attn_jax.attention._softmax import (
     assert_valid_attention_weights,
     attend,
@@ -12,6 +58,48 @@ from attn_jax.attention._softmax import (
 )
 
 __all__ = [
+    # additive (Bahdanau)
+    "additive_attention",
+    "additive_attention_step",
+    "additive_scores",
+    "init_additive_params",
+    "project_keys",
+    # Luong
+    "concat_scores",
+    "dot_scores",
+    "general_scores",
+    "init_general_params",
+    "init_location_params",
+    "location_scores",
+    "luong_attention",
+    # Luong local
+    "init_local_p_params",
+    "local_attention",
+    "local_window_mask",
+    "monotonic_centers",
+    "predictive_centers",
+    # dot-product and multi-head
+    "dot_product_attention",
+    "dot_product_scores",
+    "init_multi_head_params",
+    "merge_heads",
+    "multi_head_attention",
+    "split_heads",
+    # masks
+    "combine_masks",
+    "from_torch_attn_mask",
+    "from_torch_key_padding_mask",
+    "key_padding_mask",
+    "make_attention_mask",
+    "make_causal_mask",
+    "make_padding_mask",
+    "padding_mask_from_tokens",
+    # positions
+    "init_learned_positions",
+    "learned_positions",
+    "rotary_embedding",
+    "sinusoidal_positions",
+    # softmax and the source-axis check
     "assert_valid_attention_weights",
     "attend",
     "masked_softmax",

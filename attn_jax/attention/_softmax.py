@@ -54,7 +54,9 @@ def masked_softmax(
     return jnp.where(mask, jax.nn.softmax(logits, axis=axis), 0.0)
 
 
-def weighted_context(weights: Float[Array, "... T S"], values: Float[Array, "... S Dv"]) -> Float[Array, "... T Dv"]:
+def weighted_context(
+    weights: Float[Array, "... T S"], values: Float[Array, "... S Dv"]
+) -> Float[Array, "... T Dv"]:
     r"""Context ``c_i = Σ_j α_ij v_j``, accumulated in float32 and returned in ``values``' dtype."""
     ctx = jnp.einsum("...ts,...sd->...td", weights.astype(jnp.float32), values.astype(jnp.float32))
     return ctx.astype(values.dtype)
@@ -89,7 +91,9 @@ def assert_valid_attention_weights(
     w = np.asarray(weights, np.float64)
     m = np.ones(w.shape, bool) if mask is None else np.broadcast_to(np.asarray(mask, bool), w.shape)
     if np.any(w[~m] != 0.0):
-        raise AssertionError(f"masked keys received weight up to {np.abs(w[~m]).max():.3g}; they must get exactly 0")
+        raise AssertionError(
+            f"masked keys received weight up to {np.abs(w[~m]).max():.3g}; they must get exactly 0"
+        )
     if np.any(w < 0) or not np.all(np.isfinite(w)):
         raise AssertionError("attention weights must be finite and non-negative")
     sums = w.sum(-1)

@@ -1,7 +1,6 @@
 """Naive float64 NumPy references, written loop by loop so that no axis can be silently swapped.
 
-Each mechanism has its own module here; everything is re-exported flat:
-``from tests.reference import softmax_ref, additive_ref, ...``.
+One module per mechanism; import from it directly (``from tests.reference.scorers import additive_ref``):
+``core`` (masked softmax, context), ``masks_dot`` (masks, dot-product, multi-head, positions), ``scorers``
+(additive, normed, Luong, local), ``rnn`` (GRU, RNNsearch, RNNenc).
 """
-
-from tests.reference.core import *  # noqa: F401,F403

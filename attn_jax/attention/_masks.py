@@ -1,0 +1,261 @@
+"""Boolean attention masks: padding, causal, their combination, and conversion from PyTorch's conventions.
+
+Convention (the whole library): a mask is boolean, ``True`` means "this query may attend this key", and it
+broadcasts to the logits ``[..., T, S]`` (or ``[..., H, T, S]`` with heads). PyTorch's
+``nn.MultiheadAttention`` uses the opposite convention for its boolean masks; convert with
+:func:`from_torch_key_padding_mask` and :func:`from_torch_attn_mask`, never by hand.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax.numpy as jnp
+import numpy as np
+
+from attn_jax.attention._checks import check_broadcastable, check_min_rank, shape_str
+from attn_jax.typing import Array, ArrayLike, Bool, Float, Int
+
+
+def _check_bool(name: str, x) -> None:
+    """Raise unless ``x`` is boolean."""
+    dtype = jnp.asarray(x).dtype
+    if dtype != jnp.bool_:
+        raise ValueError(
+            f"{name} must be boolean (True = may attend), got dtype {dtype} (shape {shape_str(x)})"
+        )
+
+
+def _check_length(name: str, n) -> None:
+    """Raise unless ``n`` is a static non-negative Python/NumPy integer."""
+    if isinstance(n, bool) or not isinstance(n, int | np.integer) or n < 0:
+        raise ValueError(f"{name} must be a non-negative int, got {n!r}")
+
+
+def make_padding_mask(lengths: Int[ArrayLike, "..."], max_len: int) -> Bool[Array, "... L"]:
+    r"""Validity mask of padded sequences from their lengths: ``True`` where ``position < length``.
+
+    .. math:: m_{b,j} = [\, j < \ell_b \,], \qquad j = 0, \dots, L - 1
+
+    Args:
+      lengths: integer lengths, any shape ``[...]`` (usually ``[B]``); may be traced.
+      max_len: ``L``, the padded length (static).
+
+    Returns:
+      boolean ``[..., L]``; feed it to :func:`make_attention_mask` or :func:`key_padding_mask`.
+
+    >>> make_padding_mask(jnp.array([1, 3]), 4)
+    Array([[ True, False, False, False],
+           [ True,  True,  True, False]], dtype=bool)
+    """
+    _check_length("max_len", max_len)
+    lengths = jnp.asarray(lengths)
+    if not jnp.issubdtype(lengths.dtype, jnp.integer):
+        raise ValueError(f"lengths must be integers, got dtype {lengths.dtype} (shape {shape_str(lengths)})")
+    return jnp.arange(max_len) < lengths[..., None]
+
+
+def padding_mask_from_tokens(tokens: Int[ArrayLike, "... L"], pad_id: int = 0) -> Bool[Array, "... L"]:
+    r"""Validity mask from token ids: ``True`` where ``token != pad_id``.
+
+    .. math:: m_{b,j} = [\, x_{b,j} \neq \mathrm{pad} \,]
+
+    Args:
+      tokens: token ids ``[..., L]``.
+      pad_id: the padding id (0 in this project's vocabularies).
+
+    Returns:
+      boolean ``[..., L]``.
+
+    >>> padding_mask_from_tokens(jnp.array([[5, 7, 0, 0]]))
+    Array([[ True,  True, False, False]], dtype=bool)
+    """
+    check_min_rank("tokens", tokens, 1)
+    return jnp.asarray(tokens) != pad_id
+
+
+def make_attention_mask(
+    query_valid: Bool[ArrayLike, "... T"], key_valid: Bool[ArrayLike, "... S"]
+) -> Bool[Array, "... T S"]:
+    r"""Pairwise mask from per-position validity: query ``i`` may attend key ``j`` iff both are valid.
+
+    .. math:: m_{ij} = q_i \wedge k_j
+
+    Args:
+      query_valid: boolean ``[..., T]``.
+      key_valid: boolean ``[..., S]``; leading axes broadcast against ``query_valid``'s.
+
+    Returns:
+      boolean ``[..., T, S]``. Padded *queries* get all-False rows, whose attention output is exactly zero.
+
+    >>> make_attention_mask(jnp.array([True, False]), jnp.array([True, True, False])).astype(int)
+    Array([[1, 1, 0],
+           [0, 0, 0]], dtype=int32)
+    """
+    check_min_rank("query_valid", query_valid, 1)
+    check_min_rank("key_valid", key_valid, 1)
+    _check_bool("query_valid", query_valid)
+    _check_bool("key_valid", key_valid)
+    check_broadcastable(
+        ["query_valid batch axes", "key_valid batch axes"],
+        [np.shape(query_valid)[:-1], np.shape(key_valid)[:-1]],
+    )
+    return jnp.logical_and(jnp.asarray(query_valid)[..., :, None], jnp.asarray(key_valid)[..., None, :])
+
+
+def key_padding_mask(key_valid: Bool[ArrayLike, "... S"]) -> Bool[Array, "... 1 S"]:
+    r"""Mask that hides padded keys from every query (cross attention): ``[..., S] -> [..., 1, S]``.
+
+    .. math:: m_{ij} = k_j \quad \text{for every query } i
+
+    Unlike :func:`make_attention_mask` it leaves padded *queries* unmasked: their rows are well-defined
+    attention over the valid keys, and the loss masks them later.
+
+    Args:
+      key_valid: boolean ``[..., S]``, True at real (non-padding) keys.
+
+    Returns:
+      boolean ``[..., 1, S]``, broadcasting over the query axis.
+
+    >>> key_padding_mask(jnp.array([[True, False]])).shape
+    (1, 1, 2)
+    """
+    check_min_rank("key_valid", key_valid, 1)
+    _check_bool("key_valid", key_valid)
+    return jnp.asarray(key_valid)[..., None, :]
+
+
+def make_causal_mask(
+    query_length: int, key_length: int | None = None, *, offset: int | Int[Array, ""] = 0
+) -> Bool[Array, "T S"]:
+    r"""Causal (autoregressive) mask: query ``i`` may attend key ``j`` iff ``j <= i + offset``.
+
+    .. math:: m_{ij} = [\, j \le i + \mathrm{offset} \,]
+
+    ``offset`` is the number of positions before the first query, as when decoding with a cache of earlier
+    keys: query ``i`` sits at absolute position ``offset + i`` and sees every key up to and including itself.
+
+    Args:
+      query_length: ``T`` (static).
+      key_length: ``S`` (static); defaults to ``offset + query_length`` (every key a query can see), which
+        needs a static ``offset``.
+      offset: positions before the first query; a Python int or a scalar integer array (may be traced, e.g.
+        the decoding step inside ``jit``, when ``key_length`` is given).
+
+    Returns:
+      boolean ``[T, S]``; broadcasts against ``[..., T, S]`` logits.
+
+    >>> make_causal_mask(3).astype(int)
+    Array([[1, 0, 0],
+           [1, 1, 0],
+           [1, 1, 1]], dtype=int32)
+    >>> make_causal_mask(1, 4, offset=2).astype(int)
+    Array([[1, 1, 1, 0]], dtype=int32)
+    """
+    _check_length("query_length", query_length)
+    if key_length is None:
+        if not isinstance(offset, int | np.integer) or isinstance(offset, bool):
+            raise ValueError(
+                f"key_length is required when offset is not a static int (got offset {offset!r})"
+            )
+        key_length = int(offset) + query_length
+    _check_length("key_length", key_length)
+    if np.ndim(offset) != 0:
+        raise ValueError(f"offset must be a scalar, got shape {shape_str(offset)}")
+    # [1, S] <= [T, 1] -> [T, S]
+    return jnp.arange(key_length)[None, :] <= jnp.arange(query_length)[:, None] + offset
+
+
+def combine_masks(*masks: Bool[ArrayLike, "..."] | None) -> Bool[Array, "..."] | None:
+    r"""Logical AND of masks with broadcasting; ``None`` entries are skipped, and all-``None`` gives ``None``.
+
+    .. math:: m = m^{(1)} \wedge m^{(2)} \wedge \cdots
+
+    Args:
+      *masks: boolean arrays (True = may attend) whose shapes broadcast together, or ``None``.
+
+    Returns:
+      the broadcast AND, or ``None`` when every mask is ``None``.
+
+    Raises:
+      ValueError: a mask is not boolean, or the shapes do not broadcast (the message lists them all).
+
+    >>> combine_masks(make_causal_mask(2), None, jnp.array([[True, False]])).astype(int)
+    Array([[1, 0],
+           [1, 0]], dtype=int32)
+    """
+    present = [(i, m) for i, m in enumerate(masks) if m is not None]
+    if not present:
+        return None
+    for i, m in present:
+        _check_bool(f"mask {i}", m)
+    check_broadcastable([f"mask {i}" for i, _ in present], [np.shape(m) for _, m in present])
+    return functools.reduce(jnp.logical_and, [jnp.asarray(m) for _, m in present])
+
+
+def _torch_to_ours(name: str, mask) -> Bool[Array, "..."]:
+    """PyTorch boolean (True = blocked) or additive float (-inf = blocked) mask -> ours (True = attend)."""
+    mask = jnp.asarray(mask)
+    if mask.dtype == jnp.bool_:
+        return jnp.logical_not(mask)
+    if jnp.issubdtype(mask.dtype, jnp.floating):
+        return jnp.isfinite(mask)
+    raise ValueError(f"{name} must be boolean or floating (additive), got dtype {mask.dtype}")
+
+
+def from_torch_key_padding_mask(key_padding_mask: Bool[ArrayLike, "... S"]) -> Bool[Array, "... 1 S"]:
+    r"""Convert PyTorch's ``key_padding_mask`` (True = padding, *ignore*) to ours (True = may attend).
+
+    .. math:: m_{ij} = \neg\, \mathrm{kpm}_j
+
+    ``torch.nn.MultiheadAttention(..., key_padding_mask=kpm)`` takes ``kpm`` of shape ``[B, S]`` where **True
+    marks a padded key to be ignored** — the opposite of this library, where True means "may attend". Passing
+    a PyTorch mask unconverted attends *only* to padding. A float ``key_padding_mask`` is additive in PyTorch
+    (``-inf`` = ignore); it is converted to ``isfinite`` — finite non-zero entries are biases a boolean cannot
+    carry, so pass those as ``bias=`` to :func:`dot_product_attention` instead.
+
+    Another difference: PyTorch's old fast path returned NaN for a query whose keys are all padding; here such
+    a row gets zero weights and a zero context.
+
+    Args:
+      key_padding_mask: PyTorch-convention ``[..., S]`` (bool: True = ignore; float: -inf = ignore).
+
+    Returns:
+      boolean ``[..., 1, S]`` in this library's convention, broadcasting over queries (like
+      :func:`key_padding_mask`).
+
+    >>> from_torch_key_padding_mask(jnp.array([[False, False, True]])).astype(int)
+    Array([[[1, 1, 0]]], dtype=int32)
+    """
+    check_min_rank("key_padding_mask", key_padding_mask, 1)
+    return _torch_to_ours("key_padding_mask", key_padding_mask)[..., None, :]
+
+
+def from_torch_attn_mask(
+    attn_mask: Bool[ArrayLike, "... T S"] | Float[ArrayLike, "... T S"],
+) -> Bool[Array, "... T S"]:
+    r"""Convert PyTorch ``nn.MultiheadAttention``'s ``attn_mask`` to ours (True = may attend).
+
+    .. math:: m_{ij} = \neg\, \mathrm{attn\_mask}_{ij} \;\text{(bool)}, \qquad
+        m_{ij} = [\, \mathrm{attn\_mask}_{ij} > -\infty \,] \;\text{(float)}
+
+    In ``torch.nn.MultiheadAttention`` / ``nn.Transformer`` a **boolean** ``attn_mask`` has **True = not
+    allowed** (the opposite of ours), and a **float** ``attn_mask`` is added to the logits, ``-inf`` blocking
+    a pair. Floats convert to ``isfinite`` (finite -> True); finite non-zero entries are biases a boolean
+    cannot carry — pass them as ``bias=`` to :func:`dot_product_attention`.
+
+    Beware: ``torch.nn.functional.scaled_dot_product_attention`` uses the *other* convention for boolean masks
+    (True = take part in attention, like ours): do **not** convert those. PyTorch's 3-D ``attn_mask`` is
+    ``[B·H, T, S]`` with batch and heads fused; reshape it to ``[B, H, T, S]`` before (or after) converting.
+
+    Args:
+      attn_mask: PyTorch-convention ``[..., T, S]`` (bool: True = blocked; float: additive, -inf = blocked).
+
+    Returns:
+      boolean ``[..., T, S]`` in this library's convention.
+
+    >>> from_torch_attn_mask(jnp.array([[0.0, -jnp.inf]])).astype(int)
+    Array([[1, 0]], dtype=int32)
+    """
+    check_min_rank("attn_mask", attn_mask, 2)
+    return _torch_to_ours("attn_mask", attn_mask)

@@ -1,0 +1,273 @@
+"""Multi-head attention (Vaswani et al. 2017, §3.2.2) as pure functions over a Flax-compatible param dict.
+
+Parameters are a nested dict laid out exactly like ``flax.nnx.MultiHeadAttention``'s state, so weights copy
+across in either direction::
+
+    {"query": {"kernel": [Dq, H, K], "bias": [H, K]},
+     "key":   {"kernel": [Dk, H, K], "bias": [H, K]},
+     "value": {"kernel": [Dk, H, Kv], "bias": [H, Kv]},
+     "out":   {"kernel": [H, Kv, Do], "bias": [Do]}}
+
+(no ``"bias"`` entries when ``use_bias=False``). The number of heads and their widths are read from the
+kernels.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from attn_jax.attention._checks import (
+    check_broadcastable,
+    check_floating,
+    check_mask,
+    check_min_rank,
+    shape_str,
+)
+from attn_jax.attention._dot_product import dot_product_attention
+from attn_jax.typing import Array, Bool, Float, PRNGKeyArray
+
+_PROJECTIONS = ("query", "key", "value", "out")
+# Standard deviation of a unit normal truncated to [-2, 2] (as in jax.nn.initializers.variance_scaling).
+_TRUNCATED_NORMAL_STD = 0.87962566103423978
+
+
+def init_multi_head_params(
+    key: PRNGKeyArray,
+    num_heads: int,
+    query_features: int,
+    *,
+    key_features: int | None = None,
+    qkv_features: int | None = None,
+    out_features: int | None = None,
+    use_bias: bool = True,
+    dtype=jnp.float32,
+) -> dict:
+    r"""Initialise multi-head attention parameters (Flax ``nnx.MultiHeadAttention`` layout).
+
+    .. math:: W^Q \in \mathbb{R}^{D_q \times H \times K},\; W^K, W^V \in \mathbb{R}^{D_k \times H \times K},\;
+        W^O \in \mathbb{R}^{H \times K \times D_o}, \qquad K = \mathrm{qkv\_features} / H
+
+    Vaswani et al. 2017, §3.2.2. Kernels are LeCun-normal over their fan-in (``D_q``/``D_k`` for the input
+    projections, ``H·K`` for the output one) — truncated normal with variance ``1/fan_in``, Flax's default;
+    biases are zero.
+
+    Args:
+      key: PRNG key.
+      num_heads: ``H``.
+      query_features: ``D_q``, width of the queries' inputs.
+      key_features: ``D_k``, width of the keys'/values' inputs (cross attention); defaults to
+        ``query_features``.
+      qkv_features: ``H·K``, total width of the projected queries/keys/values; defaults to ``query_features``.
+        Must be divisible by ``num_heads``.
+      out_features: ``D_o``; defaults to ``query_features``.
+      use_bias: include bias vectors.
+      dtype: parameter dtype.
+
+    Returns:
+      the nested param dict described in the module docstring.
+
+    >>> p = init_multi_head_params(jax.random.key(0), 2, 6)
+    >>> p["query"]["kernel"].shape, p["out"]["kernel"].shape
+    ((6, 2, 3), (2, 3, 6))
+    """
+    key_features = query_features if key_features is None else key_features
+    qkv_features = query_features if qkv_features is None else qkv_features
+    out_features = query_features if out_features is None else out_features
+    for name, n in [
+        ("num_heads", num_heads),
+        ("query_features", query_features),
+        ("key_features", key_features),
+        ("qkv_features", qkv_features),
+        ("out_features", out_features),
+    ]:
+        if isinstance(n, bool) or not isinstance(n, int | np.integer) or n <= 0:
+            raise ValueError(f"{name} must be a positive int, got {n!r}")
+    if qkv_features % num_heads:
+        raise ValueError(
+            f"qkv_features ({qkv_features}) must be divisible by num_heads ({num_heads}) to split into heads"
+        )
+    head = qkv_features // num_heads
+    shapes = {
+        "query": (query_features, num_heads, head),
+        "key": (key_features, num_heads, head),
+        "value": (key_features, num_heads, head),
+        "out": (num_heads, head, out_features),
+    }
+    fan_in = {"query": query_features, "key": key_features, "value": key_features, "out": qkv_features}
+    # One draw for all four kernels: every distinct PRNG shape costs an XLA compilation (~1 s on CPU).
+    sizes = [int(np.prod(s)) for s in shapes.values()]
+    flat = jax.random.truncated_normal(key, -2.0, 2.0, (sum(sizes),), jnp.float32)
+    pieces = jnp.split(flat, np.cumsum(sizes)[:-1])
+    params = {}
+    for (name, shape), piece in zip(shapes.items(), pieces, strict=True):
+        # LeCun normal as in jax.nn.initializers: N(0, 1/fan_in) truncated at ±2σ, σ corrected for the cut.
+        std = np.sqrt(1.0 / fan_in[name]) / _TRUNCATED_NORMAL_STD
+        params[name] = {"kernel": (std * piece).reshape(shape).astype(dtype)}
+    if use_bias:
+        for name in ("query", "key", "value"):
+            params[name]["bias"] = jnp.zeros((num_heads, head), dtype)
+        params["out"]["bias"] = jnp.zeros((out_features,), dtype)
+    return params
+
+
+def split_heads(x: Float[Array, "... T HK"], num_heads: int) -> Float[Array, "... H T K"]:
+    r"""Split the feature axis into heads, moved before the length axis: ``[..., T, H·K] -> [..., H, T, K]``.
+
+    .. math:: y_{h,t,k} = x_{t,\, hK + k}
+
+    >>> split_heads(jnp.arange(12.0).reshape(2, 6), 3)[1]  # head 1 holds features 2:4
+    Array([[2., 3.],
+           [8., 9.]], dtype=float32)
+    """
+    check_min_rank("x", x, 2)
+    *batch, t, f = np.shape(x)
+    if f % num_heads:
+        raise ValueError(
+            f"feature axis of x {shape_str(x)} ({f}) is not divisible by num_heads ({num_heads})"
+        )
+    x = jnp.reshape(x, (*batch, t, num_heads, f // num_heads))  # [..., T, H, K]
+    return jnp.swapaxes(x, -3, -2)
+
+
+def merge_heads(x: Float[Array, "... H T K"]) -> Float[Array, "... T HK"]:
+    r"""Inverse of :func:`split_heads`: ``[..., H, T, K] -> [..., T, H·K]``.
+
+    .. math:: y_{t,\, hK + k} = x_{h,t,k}
+
+    >>> merge_heads(split_heads(jnp.arange(6.0).reshape(1, 6), 2))
+    Array([[0., 1., 2., 3., 4., 5.]], dtype=float32)
+    """
+    check_min_rank("x", x, 3)
+    *batch, h, t, k = np.shape(x)
+    return jnp.reshape(jnp.swapaxes(x, -3, -2), (*batch, t, h * k))
+
+
+def _check_params(params) -> tuple[int, int, int, int, int, int]:
+    """Validate the param dict; return ``(Dq, Dk, H, K, Kv, Do)``."""
+    if not isinstance(params, dict) or any(
+        n not in params or "kernel" not in params[n] for n in _PROJECTIONS
+    ):
+        raise ValueError(f"params must be a dict with {list(_PROJECTIONS)}, each holding a 'kernel'")
+    wq, wk, wv, wo = (params[n]["kernel"] for n in _PROJECTIONS)
+    for name, w in [("query", wq), ("key", wk), ("value", wv), ("out", wo)]:
+        if np.ndim(w) != 3:
+            raise ValueError(f"params['{name}']['kernel'] must have 3 axes, got shape {shape_str(w)}")
+    dq, h, k = np.shape(wq)
+    if (
+        np.shape(wk)[1:] != (h, k)
+        or np.shape(wv)[1] != h
+        or np.shape(wo)[0] != h
+        or np.shape(wv)[0] != np.shape(wk)[0]
+    ):
+        raise ValueError(
+            "inconsistent multi-head kernels: query [Dq, H, K], key [Dk, H, K], value [Dk, H, Kv] and "
+            f"out [H, Kv, Do] expected, got query {shape_str(wq)}, key {shape_str(wk)}, "
+            f"value {shape_str(wv)}, out {shape_str(wo)}"
+        )
+    kv = np.shape(wv)[2]
+    if np.shape(wo)[1] != kv:
+        raise ValueError(
+            f"out kernel {shape_str(wo)} must be [H, Kv, Do] with Kv = {kv} from value {shape_str(wv)}"
+        )
+    return dq, np.shape(wk)[0], h, k, kv, np.shape(wo)[2]
+
+
+def _project(x, p, dtype) -> Float[Array, "... H T K"]:
+    """Input projection ``[..., T, D] @ [D, H, K] (+ [H, K]) -> [..., H, T, K]``, float32 accumulation."""
+    y = jnp.einsum("...td,dhk->...htk", x, p["kernel"].astype(dtype), preferred_element_type=jnp.float32)
+    if "bias" in p:
+        y = y + p["bias"].astype(jnp.float32)[:, None, :]
+    return y.astype(dtype)
+
+
+def multi_head_attention(
+    params: dict,
+    inputs_q: Float[Array, "... T Dq"],
+    inputs_kv: Float[Array, "... S Dk"] | None = None,
+    mask: Bool[Array, "... H T S"] | Bool[Array, "... T S"] | None = None,
+    *,
+    scale: float | None = None,
+    return_weights: bool = False,
+) -> Float[Array, "... T Do"] | tuple[Float[Array, "... T Do"], Float[Array, "... H T S"]]:
+    r"""Multi-head attention: project into ``H`` heads, scaled dot-product attention per head, project back.
+
+    .. math:: \mathrm{MultiHead}(X_q, X_{kv}) = \mathrm{Concat}(\mathrm{head}_1, \dots, \mathrm{head}_H) W^O,
+        \quad \mathrm{head}_h = \mathrm{Attention}(X_q W^Q_h, X_{kv} W^K_h, X_{kv} W^V_h)
+
+    Vaswani et al. 2017, §3.2.2; equals ``flax.nnx.MultiHeadAttention`` (``decode=False``, no dropout) with
+    the same weights. Projections accumulate in float32 and are stored in the compute dtype (the inputs'
+    dtype; params are cast to it); logits and softmax are float32 (see :func:`dot_product_attention`).
+
+    Mask rank: with ``n = inputs_q.ndim`` (more exactly, the rank of the broadcast batch axes plus 2), a mask
+    of rank ``n`` is ``[..., T, S]`` with **no head axis** and is broadcast over heads; a mask of rank
+    ``n + 1`` is ``[..., H, T, S]`` (a head axis of size 1 or ``H``). Any other rank is a ``ValueError`` —
+    e.g. add a leading axis to a ``[T, S]`` causal mask used with batched ``[B, T, D]`` inputs.
+
+    Args:
+      params: nested dict (see module docstring), e.g. from :func:`init_multi_head_params`.
+      inputs_q: ``[..., T, Dq]``.
+      inputs_kv: ``[..., S, Dk]``; ``None`` means self-attention (``inputs_q``).
+      mask: boolean, True = may attend: ``[..., T, S]`` or ``[..., H, T, S]`` (broadcastable).
+      scale: logit multiplier; ``None`` means ``1/√K`` with ``K`` the head width.
+      return_weights: also return the per-head float32 weights.
+
+    Returns:
+      ``[..., T, Do]`` in the inputs' dtype, or ``(out, weights [..., H, T, S] float32)`` when
+      ``return_weights``.
+
+    Raises:
+      ValueError: widths that do not match the kernels, inconsistent kernels, non-broadcasting batch axes, or
+        a mask of the wrong rank/shape/dtype; the message names the shapes.
+
+    >>> p = init_multi_head_params(jax.random.key(0), 2, 4)
+    >>> multi_head_attention(p, jnp.ones((3, 5, 4)), mask=jnp.ones((3, 5, 5), bool)).shape
+    (3, 5, 4)
+    """
+    dq, dk, h, _, _, _ = _check_params(params)
+    inputs_kv = inputs_q if inputs_kv is None else inputs_kv
+    check_min_rank("inputs_q", inputs_q, 2)
+    check_min_rank("inputs_kv", inputs_kv, 2)
+    check_floating("inputs_q", inputs_q)
+    check_floating("inputs_kv", inputs_kv)
+    if np.shape(inputs_q)[-1] != dq:
+        raise ValueError(
+            f"inputs_q {shape_str(inputs_q)} has width {np.shape(inputs_q)[-1]} but the query kernel "
+            f"{shape_str(params['query']['kernel'])} expects {dq}"
+        )
+    if np.shape(inputs_kv)[-1] != dk:
+        raise ValueError(
+            f"inputs_kv {shape_str(inputs_kv)} has width {np.shape(inputs_kv)[-1]} but the key/value kernels "
+            f"{shape_str(params['key']['kernel'])} expect {dk}"
+        )
+    batch = check_broadcastable(
+        ["inputs_q batch axes", "inputs_kv batch axes"], [np.shape(inputs_q)[:-2], np.shape(inputs_kv)[:-2]]
+    )
+    logits_shape = (*batch, h, np.shape(inputs_q)[-2], np.shape(inputs_kv)[-2])
+    if mask is not None:
+        n = len(batch) + 2
+        if np.ndim(mask) == n:
+            mask = jnp.asarray(mask)[..., None, :, :]  # [..., 1, T, S]: same mask for every head
+        elif np.ndim(mask) != n + 1:
+            raise ValueError(
+                f"mask {shape_str(mask)} must have rank {n} ([..., T, S], broadcast over heads) or {n + 1} "
+                f"([..., H, T, S]) for inputs_q {shape_str(inputs_q)} and inputs_kv {shape_str(inputs_kv)}"
+            )
+        check_mask(mask, logits_shape, what="multi-head attention logits [..., H, T, S]")
+
+    dtype = jnp.result_type(inputs_q, inputs_kv)
+    q = _project(inputs_q, params["query"], dtype)  # [..., H, T, K]
+    k = _project(inputs_kv, params["key"], dtype)  # [..., H, S, K]
+    v = _project(inputs_kv, params["value"], dtype)  # [..., H, S, Kv]
+    context, weights = dot_product_attention(q, k, v, mask, scale=scale, return_weights=True)
+    out = jnp.einsum(
+        "...htk,hko->...to",
+        context,
+        params["out"]["kernel"].astype(dtype),
+        preferred_element_type=jnp.float32,
+    )
+    if "bias" in params["out"]:
+        out = out + params["out"]["bias"].astype(jnp.float32)
+    out = out.astype(dtype)
+    return (out, weights) if return_weights else out

@@ -1,0 +1,257 @@
+"""Flax NNX modules around the pure attention functions: they own parameters and call ``attn_jax.attention``.
+
+Each module builds its parameters with the core's ``init_*`` function (one definition of every shape and
+initialiser), wraps them in ``nnx.Param``s annotated with logical axis names (``hidden``, ``align``, ``embed``,
+``heads``, ``kv``), and on every call hands the plain pytree back to the functional core. No attention math lives here.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import jax.numpy as jnp
+from flax import nnx
+
+from attn_jax.attention import _additive, _dot_product, _local, _luong, _multihead
+from attn_jax.attention._softmax import attend
+from attn_jax.nn._params import unwrap, wrap
+from attn_jax.typing import Array, Bool, Float, Int
+
+
+class AdditiveAttention(nnx.Module):
+    """Bahdanau et al. (2015) additive attention ``e_ij = vᵀ tanh(W_q s_i + W_k h_j + b)``; normed with ``normalize``.
+
+    ``project_keys`` once per source sentence, then ``step`` (one query, inside a scan) or ``__call__`` (all queries).
+    """
+
+    def __init__(
+        self,
+        query_features: int,
+        key_features: int,
+        attention_dim: int,
+        *,
+        use_bias: bool = True,
+        normalize: bool = False,
+        param_dtype=jnp.float32,
+        rngs: nnx.Rngs,
+    ):
+        params = _additive.init_additive_params(
+            rngs.params(),
+            query_features,
+            key_features,
+            attention_dim,
+            use_bias=use_bias,
+            normalize=normalize,
+            dtype=param_dtype,
+        )
+        names = {"w_q": ("hidden", "align"), "w_k": ("hidden", "align"), "v": ("align",), "b": ("align",), "g": ()}
+        self.params = nnx.Dict(wrap(params, {k: names[k] for k in params}))
+
+    def project_keys(self, keys: Float[Array, "... S Dk"]) -> Float[Array, "... S A"]:
+        """``W_k h``: computed once per source sentence, reused at every decoder step."""
+        return _additive.project_keys(unwrap(self.params), keys)
+
+    def __call__(
+        self,
+        query: Float[Array, "... T Dq"],
+        keys: Float[Array, "... S Dk"],
+        values: Float[Array, "... S Dv"] | None = None,
+        mask: Bool[Array, "... T S"] | None = None,
+        *,
+        projected_keys: Float[Array, "... S A"] | None = None,
+        return_weights: bool = False,
+    ):
+        """All queries at once; see ``attn_jax.additive_attention``."""
+        return _additive.additive_attention(
+            unwrap(self.params),
+            query,
+            keys,
+            values,
+            mask,
+            projected_keys=projected_keys,
+            return_weights=return_weights,
+        )
+
+    def step(
+        self,
+        query: Float[Array, "... Dq"],
+        projected_keys: Float[Array, "... S A"],
+        values: Float[Array, "... S Dv"],
+        mask: Bool[Array, "... S"] | None = None,
+    ) -> tuple[Float[Array, "... Dv"], Float[Array, "... S"]]:
+        """One decoder step: ``(context, weights)`` for a single query against all keys."""
+        return _additive.additive_attention_step(unwrap(self.params), query, projected_keys, values, mask)
+
+
+class DotProductAttention(nnx.Module):
+    """Parameter-free scaled dot-product attention ``softmax(QKᵀ·scale)V`` (Vaswani et al., 2017)."""
+
+    def __init__(self, *, scale: float | None = None):
+        self.scale = scale
+
+    def __call__(
+        self,
+        query: Float[Array, "... T K"],
+        key: Float[Array, "... S K"],
+        value: Float[Array, "... S Kv"],
+        mask: Bool[Array, "... T S"] | None = None,
+        *,
+        return_weights: bool = False,
+    ):
+        """See ``attn_jax.dot_product_attention``."""
+        return _dot_product.dot_product_attention(
+            query, key, value, mask, scale=self.scale, return_weights=return_weights
+        )
+
+
+LuongScore = Literal["dot", "general", "concat", "location"]
+
+
+class LuongAttention(nnx.Module):
+    """Luong, Pham & Manning (2015) global or local attention with a ``dot``/``general``/``concat``/``location`` score.
+
+    ``local=None`` is global attention; ``"m"`` is local-m (centre p_t = t, window ``±window``); ``"p"`` is local-p
+    (predicted centre p_t = S·sigmoid(v_pᵀ tanh(W_p h_t)), Gaussian weighting with σ = window/2).
+    The score is chosen once, here; the call path is a plain function per score.
+    """
+
+    def __init__(
+        self,
+        query_features: int,
+        key_features: int,
+        *,
+        score: LuongScore = "general",
+        attention_dim: int | None = None,
+        max_source_length: int | None = None,
+        local: Literal["m", "p"] | None = None,
+        window: int = 10,
+        param_dtype=jnp.float32,
+        rngs: nnx.Rngs,
+    ):
+        if score not in ("dot", "general", "concat", "location"):
+            raise ValueError(f"LuongAttention score must be dot, general, concat or location, got {score!r}")
+        if local not in (None, "m", "p"):
+            raise ValueError(f"LuongAttention local must be None, 'm' or 'p', got {local!r}")
+        if score == "dot" and query_features != key_features:
+            raise ValueError(f"dot score needs query_features == key_features, got {query_features} and {key_features}")
+        self.score, self.local, self.window = score, local, window
+        attention_dim = attention_dim or query_features
+        params, names = {}, {}
+        if score == "general":
+            params["score"] = _luong.init_general_params(rngs.params(), query_features, key_features, param_dtype)
+            names["score"] = {"w": ("hidden", None)}
+        elif score == "concat":
+            params["score"] = _additive.init_additive_params(
+                rngs.params(), query_features, key_features, attention_dim, dtype=param_dtype
+            )
+            names["score"] = {"w_q": ("hidden", "align"), "w_k": ("hidden", "align"), "v": ("align",), "b": ("align",)}
+        elif score == "location":
+            if max_source_length is None:
+                raise ValueError("location score needs max_source_length")
+            params["score"] = _luong.init_location_params(
+                rngs.params(), query_features, max_source_length, param_dtype
+            )
+            names["score"] = {"w": ("hidden", None)}
+        if local == "p":
+            params["position"] = _local.init_local_p_params(rngs.params(), query_features, attention_dim, param_dtype)
+            names["position"] = {"w_p": ("hidden", "align"), "v_p": ("align",)}
+        self.params = nnx.Dict(wrap(params, names))
+
+    def scores(self, query: Float[Array, "... T Dq"], keys: Float[Array, "... S Dk"]) -> Float[Array, "... T S"]:
+        """The alignment energies ``score(h_t, h̄_s)`` before normalisation."""
+        p = unwrap(self.params)
+        if self.score == "dot":
+            return _luong.dot_scores(query, keys)
+        if self.score == "general":
+            return _luong.general_scores(p["score"], query, keys)
+        if self.score == "concat":
+            return _luong.concat_scores(p["score"], query, keys)
+        scores = _luong.location_scores(p["score"], query, keys.shape[-2])
+        return jnp.broadcast_to(scores, jnp.broadcast_shapes(scores.shape, keys.shape[:-2] + scores.shape[-2:]))
+
+    def __call__(
+        self,
+        query: Float[Array, "... T Dq"],
+        keys: Float[Array, "... S Dk"],
+        values: Float[Array, "... S Dv"] | None = None,
+        mask: Bool[Array, "... T S"] | None = None,
+        *,
+        source_lengths: Int[Array, "..."] | None = None,
+        query_positions: Int[Array, "... T"] | None = None,
+        return_weights: bool = False,
+    ):
+        """Context vectors ``[..., T, Dv]`` (and float32 weights ``[..., T, S]`` when ``return_weights``).
+
+        For local attention, ``source_lengths`` (true lengths, default: the padded length) bound the centres and
+        ``query_positions`` (default ``0..T-1``) are the decoder time steps t used by local-m.
+        """
+        values = keys if values is None else values
+        scores = self.scores(query, keys)
+        if self.local is None:
+            ctx, w = attend(scores, values, mask)
+        else:
+            S, T = keys.shape[-2], query.shape[-2]
+            lengths = jnp.full(keys.shape[:-2], S) if source_lengths is None else source_lengths
+            if self.local == "m":
+                centers = _local.monotonic_centers(T, lengths)
+                if query_positions is not None:
+                    centers = jnp.minimum(query_positions, jnp.asarray(lengths)[..., None] - 1).astype(jnp.float32)
+            else:
+                centers = _local.predictive_centers(unwrap(self.params)["position"], query, lengths)
+            ctx, w = _local.local_attention(
+                scores,
+                values,
+                centers,
+                window=self.window,
+                mask=mask,
+                gaussian=self.local == "p",
+                return_weights=True,
+            )
+        return (ctx, w) if return_weights else ctx
+
+
+class MultiHeadAttention(nnx.Module):
+    """Multi-head attention (Vaswani et al., 2017) over ``attn_jax.multi_head_attention``; self or cross.
+
+    Kernels: query/key/value ``[D, H, K]`` (logical ``embed, heads, kv``), output ``[H, K, D]``.
+    """
+
+    def __init__(
+        self,
+        num_heads: int,
+        in_features: int,
+        *,
+        kv_features: int | None = None,
+        qkv_features: int | None = None,
+        out_features: int | None = None,
+        use_bias: bool = True,
+        param_dtype=jnp.float32,
+        rngs: nnx.Rngs,
+    ):
+        params = _multihead.init_multi_head_params(
+            rngs.params(),
+            num_heads,
+            in_features,
+            key_features=kv_features,
+            qkv_features=qkv_features,
+            out_features=out_features,
+            use_bias=use_bias,
+            dtype=param_dtype,
+        )
+        proj = {"kernel": ("embed", "heads", "kv"), "bias": ("heads", "kv")}
+        names = {"query": proj, "key": proj, "value": proj, "out": {"kernel": ("heads", "kv", "embed"), "bias": ("embed",)}}
+        self.num_heads = num_heads
+        self.params = nnx.Dict(wrap(params, {k: {n: names[k][n] for n in params[k]} for k in params}))
+
+    def __call__(
+        self,
+        inputs_q: Float[Array, "... T Dq"],
+        inputs_kv: Float[Array, "... S Dk"] | None = None,
+        mask: Bool[Array, "... T S"] | None = None,
+        *,
+        return_weights: bool = False,
+    ):
+        """Self-attention when ``inputs_kv`` is None; see ``attn_jax.multi_head_attention``."""
+        return _multihead.multi_head_attention(
+            unwrap(self.params), inputs_q, inputs_kv, mask, return_weights=return_weights
+        )
