@@ -16,7 +16,9 @@ def partitioned(value: jax.Array, names: tuple[str | None, ...]) -> nnx.Param:
     explicitly, instead of every constructor needing a mesh in context.
     """
     if len(names) != value.ndim:
-        raise ValueError(f"{len(names)} logical axis names {names} for a parameter of shape {list(value.shape)}")
+        raise ValueError(
+            f"{len(names)} logical axis names {names} for a parameter of shape {list(value.shape)}"
+        )
     init = nnx.with_partitioning(lambda *_: value, names, eager_sharding=False)
     return nnx.Param(init(None, value.shape, value.dtype))
 

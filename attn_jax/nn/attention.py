@@ -44,7 +44,13 @@ class AdditiveAttention(nnx.Module):
             normalize=normalize,
             dtype=param_dtype,
         )
-        names = {"w_q": ("hidden", "align"), "w_k": ("hidden", "align"), "v": ("align",), "b": ("align",), "g": ()}
+        names = {
+            "w_q": ("hidden", "align"),
+            "w_k": ("context", "align"),
+            "v": ("align",),
+            "b": ("align",),
+            "g": (),
+        }
         self.params = nnx.Dict(wrap(params, {k: names[k] for k in params}))
 
     def project_keys(self, keys: Float[Array, "... S Dk"]) -> Float[Array, "... S A"]:
@@ -133,18 +139,27 @@ class LuongAttention(nnx.Module):
         if local not in (None, "m", "p"):
             raise ValueError(f"LuongAttention local must be None, 'm' or 'p', got {local!r}")
         if score == "dot" and query_features != key_features:
-            raise ValueError(f"dot score needs query_features == key_features, got {query_features} and {key_features}")
+            raise ValueError(
+                f"dot score needs query_features == key_features, got {query_features} and {key_features}"
+            )
         self.score, self.local, self.window = score, local, window
         attention_dim = attention_dim or query_features
         params, names = {}, {}
         if score == "general":
-            params["score"] = _luong.init_general_params(rngs.params(), query_features, key_features, param_dtype)
-            names["score"] = {"w": ("hidden", None)}
+            params["score"] = _luong.init_general_params(
+                rngs.params(), query_features, key_features, param_dtype
+            )
+            names["score"] = {"w": ("hidden", "context")}
         elif score == "concat":
             params["score"] = _additive.init_additive_params(
                 rngs.params(), query_features, key_features, attention_dim, dtype=param_dtype
             )
-            names["score"] = {"w_q": ("hidden", "align"), "w_k": ("hidden", "align"), "v": ("align",), "b": ("align",)}
+            names["score"] = {
+                "w_q": ("hidden", "align"),
+                "w_k": ("context", "align"),
+                "v": ("align",),
+                "b": ("align",),
+            }
         elif score == "location":
             if max_source_length is None:
                 raise ValueError("location score needs max_source_length")
@@ -153,11 +168,15 @@ class LuongAttention(nnx.Module):
             )
             names["score"] = {"w": ("hidden", None)}
         if local == "p":
-            params["position"] = _local.init_local_p_params(rngs.params(), query_features, attention_dim, param_dtype)
+            params["position"] = _local.init_local_p_params(
+                rngs.params(), query_features, attention_dim, param_dtype
+            )
             names["position"] = {"w_p": ("hidden", "align"), "v_p": ("align",)}
         self.params = nnx.Dict(wrap(params, names))
 
-    def scores(self, query: Float[Array, "... T Dq"], keys: Float[Array, "... S Dk"]) -> Float[Array, "... T S"]:
+    def scores(
+        self, query: Float[Array, "... T Dq"], keys: Float[Array, "... S Dk"]
+    ) -> Float[Array, "... T S"]:
         """The alignment energies ``score(h_t, h̄_s)`` before normalisation."""
         p = unwrap(self.params)
         if self.score == "dot":
@@ -167,7 +186,9 @@ class LuongAttention(nnx.Module):
         if self.score == "concat":
             return _luong.concat_scores(p["score"], query, keys)
         scores = _luong.location_scores(p["score"], query, keys.shape[-2])
-        return jnp.broadcast_to(scores, jnp.broadcast_shapes(scores.shape, keys.shape[:-2] + scores.shape[-2:]))
+        return jnp.broadcast_to(
+            scores, jnp.broadcast_shapes(scores.shape, keys.shape[:-2] + scores.shape[-2:])
+        )
 
     def __call__(
         self,
@@ -195,7 +216,9 @@ class LuongAttention(nnx.Module):
             if self.local == "m":
                 centers = _local.monotonic_centers(T, lengths)
                 if query_positions is not None:
-                    centers = jnp.minimum(query_positions, jnp.asarray(lengths)[..., None] - 1).astype(jnp.float32)
+                    centers = jnp.minimum(query_positions, jnp.asarray(lengths)[..., None] - 1).astype(
+                        jnp.float32
+                    )
             else:
                 centers = _local.predictive_centers(unwrap(self.params)["position"], query, lengths)
             ctx, w = _local.local_attention(
@@ -239,7 +262,12 @@ class MultiHeadAttention(nnx.Module):
             dtype=param_dtype,
         )
         proj = {"kernel": ("embed", "heads", "kv"), "bias": ("heads", "kv")}
-        names = {"query": proj, "key": proj, "value": proj, "out": {"kernel": ("heads", "kv", "embed"), "bias": ("embed",)}}
+        names = {
+            "query": proj,
+            "key": proj,
+            "value": proj,
+            "out": {"kernel": ("heads", "kv", "embed"), "bias": ("embed",)},
+        }
         self.num_heads = num_heads
         self.params = nnx.Dict(wrap(params, {k: {n: names[k][n] for n in params[k]} for k in params}))
 
