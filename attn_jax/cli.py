@@ -1,0 +1,28 @@
+"""The ``attn-jax`` command: one argparse subcommand per task (``data`` so far)."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+
+from attn_jax.cli_data import add_data_parser
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``attn-jax`` parser with every subcommand."""
+    parser = argparse.ArgumentParser(
+        prog="attn-jax", description="Attention for neural machine translation in JAX."
+    )
+    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    add_data_parser(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``attn-jax``; returns the exit status."""
+    args = build_parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

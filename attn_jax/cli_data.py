@@ -1,0 +1,189 @@
+"""``attn-jax data``: statistics of the built-in corpus, a plain-text corpus or a prepared TFDS dataset.
+
+    attn-jax data                                  # built-in corpus (config "default"), built on first use
+    attn-jax data --config tiny --data-dir /tmp/tfds
+    attn-jax data --src train.en --tgt train.fr    # plain-text, one sentence a line
+    attn-jax data --tsv pairs.tsv
+    attn-jax data --tfds wmt14_translate/fr-en --source-key en --target-key fr --split validation
+
+Prints pairs per split, a source-length histogram, vocabulary sizes and an example pair with its alignment.
+A bad file prints one line ``attn-jax data: error: FILE:LINE: ...`` and exits with status 1 (2 on bad flags).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import contextlib
+import sys
+
+_HIST_EDGES = (0, 10, 20, 30, 40, 50, 60)
+
+
+def add_data_parser(subparsers) -> argparse.ArgumentParser:
+    """Add the ``data`` subcommand to an ``argparse`` subparsers object; its handler is :func:`run_data`."""
+    p = subparsers.add_parser(
+        "data",
+        help="corpus statistics (built-in corpus, plain-text files or a TFDS dataset)",
+        description=__doc__.split("\n\n")[0],
+    )
+    p.add_argument("--src", metavar="FILE", help="plain-text source file (needs --tgt)")
+    p.add_argument("--tgt", metavar="FILE", help="plain-text target file, line-aligned with --src")
+    p.add_argument("--tsv", metavar="FILE", help="tab-separated file: source<TAB>target per line")
+    p.add_argument(
+        "--tfds", metavar="NAME", help="a prepared TFDS translation dataset, e.g. wmt14_translate/fr-en"
+    )
+    p.add_argument(
+        "--config",
+        default="default",
+        help="config of the built-in corpus: default, small or tiny (default: %(default)s)",
+    )
+    p.add_argument("--data-dir", default=None, help="TFDS data directory (default: TFDS's own)")
+    p.add_argument("--split", action="append", help="split(s) to read (default: all splits)")
+    p.add_argument(
+        "--source-key", default=None, help="TFDS feature of the source text (default: supervised keys)"
+    )
+    p.add_argument("--target-key", default=None, help="TFDS feature of the target text")
+    p.add_argument(
+        "--max-examples", type=int, default=None, help="read at most this many pairs per TFDS split"
+    )
+    p.add_argument(
+        "--vocab-size", type=int, default=30000, help="shortlist size K for coverage (default: %(default)s)"
+    )
+    p.add_argument(
+        "--example", type=int, default=0, help="index of the example pair to print (default: %(default)s)"
+    )
+    p.set_defaults(func=run_data)
+    return p
+
+
+def _error(message: str, status: int = 1) -> int:
+    print(f"attn-jax data: error: {' '.join(str(message).split())}", file=sys.stderr)
+    return status
+
+
+def _load(args) -> tuple[str, dict]:
+    """``(title, {split: ParallelCorpus})`` for the corpus the arguments name."""
+    from attn_jax import data
+
+    if args.src is not None or args.tgt is not None:
+        return f"{args.src} | {args.tgt}", {"all": data.read_plain_corpus(args.src, args.tgt)}
+    if args.tsv is not None:
+        return args.tsv, {"all": data.read_tsv_corpus(args.tsv)}
+    if args.tfds is not None:
+        splits = args.split or _tfds_splits(args.tfds, args.data_dir)
+        corpora = {
+            s: data.load_tfds_corpus(
+                args.tfds,
+                s,
+                source_key=args.source_key,
+                target_key=args.target_key,
+                data_dir=args.data_dir,
+                max_examples=args.max_examples,
+            )
+            for s in splits
+        }
+        return args.tfds, corpora
+    splits = args.split or ["train", "validation", "test"]
+    name = f"attn_jax_synthetic/{args.config}"
+    return name, {s: data.load_synthetic_corpus(s, args.config, data_dir=args.data_dir) for s in splits}
+
+
+def _tfds_splits(name: str, data_dir: str | None) -> list[str]:
+    """The prepared splits of a TFDS dataset (``["train"]`` when TFDS does not say)."""
+    import tensorflow_datasets as tfds
+
+    from attn_jax.data import CorpusError
+
+    try:
+        splits = list(tfds.builder(name, data_dir=data_dir).info.splits.keys())
+    except Exception as e:
+        raise CorpusError(f"{name}: unknown TFDS dataset ({str(e).splitlines()[0]})") from None
+    return splits or ["train"]
+
+
+def _histogram(lengths: list[int]) -> list[int]:
+    counts = [0] * len(_HIST_EDGES)
+    for n in lengths:
+        counts[min(n // 10, len(_HIST_EDGES) - 1)] += 1
+    return counts
+
+
+def _print_stats(title: str, corpora: dict, vocab_size: int, example: int) -> None:
+    from attn_jax.data import parse_alignment
+
+    print(f"corpus: {title}")
+    print(
+        f"{'split':<12}{'pairs':>10}{'src words':>12}{'tgt words':>12}"
+        f"{'src mean/max':>15}{'tgt mean/max':>15}"
+        f"{'skipped empty':>15}"
+    )
+    lengths = {}
+    for split, c in corpora.items():
+        sl = [len(s.split()) for s in c.sources]
+        tl = [len(t.split()) for t in c.targets]
+        lengths[split] = sl
+        print(
+            f"{split:<12}{len(c):>10,}{sum(sl):>12,}{sum(tl):>12,}"
+            f"{sum(sl) / len(sl):>9.1f} / {max(sl):<3}{sum(tl) / len(tl):>9.1f} / {max(tl):<3}"
+            f"{c.skipped_empty:>15,}"
+        )
+
+    print("\nsource length histogram (words):")
+    print(f"{'length':<10}" + "".join(f"{s:>12}" for s in corpora))
+    hists = {s: _histogram(sl) for s, sl in lengths.items()}
+    for k, lo in enumerate(_HIST_EDGES):
+        label = f"{lo}-{lo + 9}" if k < len(_HIST_EDGES) - 1 else f"{lo}+"
+        print(f"{label:<10}" + "".join(f"{hists[s][k]:>12,}" for s in corpora))
+
+    vocab_split = "train" if "train" in corpora else next(iter(corpora))
+    c = corpora[vocab_split]
+    print(f"\nvocabulary ({vocab_split}):")
+    for side, sentences in (("source", c.sources), ("target", c.targets)):
+        counts = collections.Counter(w for s in sentences for w in s.split())
+        top = sum(n for _, n in counts.most_common(vocab_size))
+        print(
+            f"  {side}: {len(counts):,} word types; shortlist K={vocab_size:,} (+4 specials) covers "
+            f"{100.0 * top / max(1, sum(counts.values())):.2f}% of tokens"
+        )
+
+    ex_split = "test" if "test" in corpora else next(iter(corpora))
+    c = corpora[ex_split]
+    i = min(max(example, 0), len(c) - 1)
+    print(f"\nexample pair ({ex_split} #{i}):")
+    print(f"  source:    {c.sources[i]}")
+    print(f"  target:    {c.targets[i]}")
+    if c.alignments is not None:
+        print(f"  alignment: {c.alignments[i]}")
+        src, tgt = c.sources[i].split(), c.targets[i].split()
+        by_src = collections.defaultdict(list)
+        for si, tj in parse_alignment(c.alignments[i]):
+            by_src[si].append(tgt[tj] if 0 <= tj < len(tgt) else "?")
+        links = [f"{w}->{' '.join(by_src[k]) if k in by_src else '(none)'}" for k, w in enumerate(src)]
+        print(f"  links:     {' | '.join(links)}")
+
+
+def run_data(args: argparse.Namespace) -> int:
+    """Run ``attn-jax data`` with parsed arguments; returns the exit status."""
+    if (args.src is None) != (args.tgt is None):
+        return _error("--src and --tgt go together", 2)
+    given = [
+        flag for flag, v in (("--src", args.src), ("--tsv", args.tsv), ("--tfds", args.tfds)) if v is not None
+    ]
+    if len(given) > 1:
+        return _error(f"choose one corpus, got {' and '.join(given)}", 2)
+    if args.vocab_size < 0:
+        return _error(f"--vocab-size must be >= 0, got {args.vocab_size}", 2)
+
+    from attn_jax.data import CorpusError
+
+    try:
+        # TFDS reports building on stdout; keep stdout for the statistics.
+        with contextlib.redirect_stdout(sys.stderr):
+            title, corpora = _load(args)
+    except CorpusError as e:
+        return _error(str(e))
+    if args.data_dir is not None and args.tfds is None and args.src is None and args.tsv is None:
+        title += f" (data_dir: {args.data_dir})"
+    _print_stats(title, corpora, args.vocab_size, args.example)
+    return 0

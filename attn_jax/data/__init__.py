@@ -1,0 +1,109 @@
+"""Data for attn_jax: built-in synthetic corpus, TFDS and plain-text readers, vocabularies, XLA batching.
+
+Importing this package registers the TFDS dataset ``attn_jax_synthetic`` (configs ``default``, ``small``,
+``tiny``). TensorFlow itself is imported only when a TFDS dataset is read or built. See
+attn_jax/data/README.md.
+
+Typical use::
+
+    from attn_jax import data
+    train = data.load_synthetic_corpus("train", "small", data_dir="/tmp/tfds")
+    src_vocab = data.WordVocabulary.build(train.sources, max_size=1000)
+    tgt_vocab = data.WordVocabulary.build(train.targets, max_size=1000)
+    batches = data.make_batch_iterator(
+        data.encode_corpus(train, src_vocab, tgt_vocab), data.BatchConfig(batch_size=64, max_source_length=50)
+    )
+    batch = next(batches)          # data.Batch of NumPy arrays
+    state = batches.get_state()    # save beside the checkpoint; batches.set_state(state) resumes exactly
+"""
+
+from attn_jax.data._batching import (
+    Batch,
+    BatchConfig,
+    BatchIterator,
+    BatchPlan,
+    Bucket,
+    EncodedCorpus,
+    assemble_batch,
+    encode_corpus,
+    make_batch_iterator,
+    parse_alignment,
+)
+from attn_jax.data._corpus import (
+    CorpusError,
+    CorpusSpec,
+    ParallelCorpus,
+    corpus_from_pairs,
+    load_synthetic_corpus,
+    load_tfds_corpus,
+    read_moses_corpus,
+    read_plain_corpus,
+    read_tsv_corpus,
+)
+from attn_jax.data._synthetic import (
+    GENERATOR_VERSION,
+    TEST_BUCKETS,
+    SyntheticPair,
+    SyntheticSpec,
+    generate_synthetic,
+    length_bucket,
+    parse_source,
+    translate_source,
+)
+from attn_jax.data._tfds_synthetic import AttnJaxSynthetic, SyntheticConfig
+from attn_jax.data._vocab import (
+    BOS_ID,
+    EOS_ID,
+    PAD_ID,
+    SPECIAL_TOKENS,
+    UNK_ID,
+    SentencePieceVocabulary,
+    Vocabulary,
+    WordVocabulary,
+    load_vocabularies,
+    load_vocabulary,
+    save_vocabularies,
+)
+
+__all__ = [
+    "BOS_ID",
+    "EOS_ID",
+    "GENERATOR_VERSION",
+    "PAD_ID",
+    "SPECIAL_TOKENS",
+    "TEST_BUCKETS",
+    "UNK_ID",
+    "AttnJaxSynthetic",
+    "Batch",
+    "BatchConfig",
+    "BatchIterator",
+    "BatchPlan",
+    "Bucket",
+    "CorpusError",
+    "CorpusSpec",
+    "EncodedCorpus",
+    "ParallelCorpus",
+    "SentencePieceVocabulary",
+    "SyntheticConfig",
+    "SyntheticPair",
+    "SyntheticSpec",
+    "Vocabulary",
+    "WordVocabulary",
+    "assemble_batch",
+    "corpus_from_pairs",
+    "encode_corpus",
+    "generate_synthetic",
+    "length_bucket",
+    "load_synthetic_corpus",
+    "load_tfds_corpus",
+    "load_vocabularies",
+    "load_vocabulary",
+    "make_batch_iterator",
+    "parse_alignment",
+    "parse_source",
+    "read_moses_corpus",
+    "read_plain_corpus",
+    "read_tsv_corpus",
+    "save_vocabularies",
+    "translate_source",
+]

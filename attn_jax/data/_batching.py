@@ -1,0 +1,465 @@
+"""Batching for XLA: length filters, a few fixed padded shapes, seeded shuffling, exact resumption, shards.
+
+Built on a grain ``MapDataset``; each process reads its own rows of every global batch.
+
+The whole schedule is a pure function of ``(corpus, config, epoch)``: epoch ``e`` groups the kept pairs by
+bucket, shuffles each bucket with ``numpy.random.default_rng((seed, e))``, cuts it into batches of the
+bucket's fixed size and shuffles the batch order. Global batch ``k`` of the run is batch ``k % n`` of epoch
+``k // n``, so an iterator's whole state is the index of the next global batch (grain's ``{"next_index":
+k}``), and every process computes the same schedule and keeps its own rows of each global batch.
+
+Batch layout (``B`` rows, one padded length ``L`` per bucket, ``S == T == L``)::
+
+    src       int32 [B, S]  x_1 .. x_n </s> <pad> ..     (no </s> when add_source_eos=False)
+    src_len   int32 [B]     n + 1 (0 on padding rows)
+    tgt_in    int32 [B, T]  <s> y_1 .. y_m <pad> ..       decoder input (teacher forcing)
+    tgt_out   int32 [B, T]  y_1 .. y_m </s> <pad> ..      decoder labels: tgt_out[:, j] follows tgt_in[:, j]
+    tgt_len   int32 [B]     m + 1 (0 on padding rows)
+    example_id int32 [B]    index of the pair in the corpus; -1 on padding rows
+    gold      bool [B, T, S] or None   gold[b, j, i]: target word j (tgt_out[:, j]) aligned to source word i
+
+Padding rows (all <pad>, lengths 0) appear only when ``drop_remainder=False`` fills the last batch of a
+bucket.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import sys
+import threading
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+import grain
+import numpy as np
+
+from attn_jax.data._corpus import CorpusError, ParallelCorpus
+from attn_jax.data._vocab import BOS_ID, EOS_ID, PAD_ID, Vocabulary
+
+# ------------------------------------------------------------------------------------------------------------
+# Encoded corpora.
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class EncodedCorpus:
+    """Token ids of a corpus, stored flat: source ``i`` is ``src_tokens[src_offsets[i]:src_offsets[i+1]]``.
+
+    Attributes:
+      src_tokens: int32 [total source tokens], no specials.
+      src_offsets: int64 [N + 1].
+      tgt_tokens: int32 [total target tokens], no specials.
+      tgt_offsets: int64 [N + 1].
+      alignments: the corpus' gold alignments when both vocabularies are word-level (positions are word
+        positions), else None.
+      name: the corpus name.
+    """
+
+    src_tokens: np.ndarray
+    src_offsets: np.ndarray
+    tgt_tokens: np.ndarray
+    tgt_offsets: np.ndarray
+    alignments: tuple[str, ...] | None = None
+    name: str = ""
+
+    def __len__(self) -> int:
+        return len(self.src_offsets) - 1
+
+    def source(self, i: int) -> np.ndarray:
+        return self.src_tokens[self.src_offsets[i] : self.src_offsets[i + 1]]
+
+    def target(self, i: int) -> np.ndarray:
+        return self.tgt_tokens[self.tgt_offsets[i] : self.tgt_offsets[i + 1]]
+
+    @property
+    def src_lengths(self) -> np.ndarray:
+        return np.diff(self.src_offsets)
+
+    @property
+    def tgt_lengths(self) -> np.ndarray:
+        return np.diff(self.tgt_offsets)
+
+    def fingerprint(self) -> str:
+        """A hash of the ids, so that a saved iterator state is not restored onto a different corpus."""
+        h = hashlib.sha256()
+        for a in (self.src_tokens, self.src_offsets, self.tgt_tokens, self.tgt_offsets):
+            h.update(np.ascontiguousarray(a).tobytes())
+        return h.hexdigest()[:16]
+
+
+def _flat(seqs: Sequence[list[int]]) -> tuple[np.ndarray, np.ndarray]:
+    offsets = np.zeros(len(seqs) + 1, np.int64)
+    np.cumsum([len(s) for s in seqs], out=offsets[1:])
+    tokens = np.fromiter((t for s in seqs for t in s), np.int32, count=int(offsets[-1]))
+    return tokens, offsets
+
+
+def encode_corpus(
+    corpus: ParallelCorpus, source_vocab: Vocabulary, target_vocab: Vocabulary
+) -> EncodedCorpus:
+    """Encode every pair with the given vocabularies (no ``<s>``/``</s>``; the batcher adds them)."""
+    src_tokens, src_offsets = _flat([source_vocab.encode(s) for s in corpus.sources])
+    tgt_tokens, tgt_offsets = _flat([target_vocab.encode(t) for t in corpus.targets])
+    word_level = source_vocab.word_level and target_vocab.word_level
+    return EncodedCorpus(
+        src_tokens,
+        src_offsets,
+        tgt_tokens,
+        tgt_offsets,
+        corpus.alignments if word_level else None,
+        corpus.name,
+    )
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Configuration and the schedule.
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchConfig:
+    """How pairs become batches.
+
+    Attributes:
+      batch_size: sentences per global batch, in every bucket. Exactly one of batch_size / tokens_per_batch.
+      tokens_per_batch: token budget per global batch: a bucket of padded length L holds
+        ``tokens_per_batch // L`` rows (rounded down to a multiple of ``batch_multiple``).
+      bucket_boundaries: padded lengths; a pair goes to the smallest boundary >= max(source + </s>, target +
+        1). If a kept pair is longer than the last boundary, one more boundary (rounded up to a multiple of 8)
+        is added.
+      max_source_length: drop pairs with more source tokens (the paper's 30 or 50 words); None keeps all.
+      max_target_length: drop pairs with more target tokens; None keeps all.
+      shuffle: shuffle within buckets and the batch order, differently each epoch.
+      seed: shuffling seed.
+      num_epochs: epochs to iterate; None repeats forever.
+      drop_remainder: drop each bucket's last incomplete batch (training); otherwise pad it with padding rows.
+      add_source_eos: end every source with ``</s>``, as in Bahdanau et al.'s encoder.
+      batch_multiple: every batch size is a multiple of this (e.g. the device count); must be divisible by the
+        number of processes.
+    """
+
+    batch_size: int | None = 64
+    tokens_per_batch: int | None = None
+    bucket_boundaries: tuple[int, ...] = (16, 24, 32, 48, 64, 96, 128)
+    max_source_length: int | None = None
+    max_target_length: int | None = None
+    shuffle: bool = True
+    seed: int = 0
+    num_epochs: int | None = None
+    drop_remainder: bool = True
+    add_source_eos: bool = True
+    batch_multiple: int = 1
+
+    def __post_init__(self) -> None:
+        if (self.batch_size is None) == (self.tokens_per_batch is None):
+            raise ValueError(
+                f"give exactly one of batch_size={self.batch_size} and "
+                f"tokens_per_batch={self.tokens_per_batch}"
+            )
+        b = list(self.bucket_boundaries)
+        if not b or b != sorted(set(b)) or b[0] < 2:
+            raise ValueError(
+                f"bucket_boundaries must be increasing integers >= 2, got {self.bucket_boundaries}"
+            )
+        if self.batch_multiple < 1:
+            raise ValueError(f"batch_multiple must be >= 1, got {self.batch_multiple}")
+        if self.batch_size is not None and (self.batch_size < 1 or self.batch_size % self.batch_multiple):
+            raise ValueError(
+                f"batch_size={self.batch_size} must be a positive multiple of "
+                f"batch_multiple={self.batch_multiple}"
+            )
+        if self.tokens_per_batch is not None and self.tokens_per_batch < 1:
+            raise ValueError(f"tokens_per_batch must be positive, got {self.tokens_per_batch}")
+        if self.num_epochs is not None and self.num_epochs < 1:
+            raise ValueError(f"num_epochs must be >= 1 or None, got {self.num_epochs}")
+
+
+def _round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
+
+
+class Bucket(NamedTuple):
+    """One padded shape: ``batch_size`` rows of ``length`` positions, holding the pairs ``members``."""
+
+    length: int
+    batch_size: int
+    members: np.ndarray  # int64 [n], corpus indices
+
+
+class BatchPlan:
+    """The global batch schedule of a corpus under a :class:`BatchConfig` (identical on every process).
+
+    Attributes:
+      buckets: the non-empty buckets, shortest first.
+      batches_per_epoch: global batches in one epoch (the same every epoch).
+      num_batches: global batches in the run (``sys.maxsize`` when repeating forever).
+      num_filtered: pairs dropped by the length limits.
+    """
+
+    def __init__(self, corpus: EncodedCorpus, config: BatchConfig) -> None:
+        self.config = config
+        src_len, tgt_len = corpus.src_lengths, corpus.tgt_lengths
+        keep = np.ones(len(corpus), bool)
+        if config.max_source_length is not None:
+            keep &= src_len <= config.max_source_length
+        if config.max_target_length is not None:
+            keep &= tgt_len <= config.max_target_length
+        self.num_filtered = int((~keep).sum())
+        if not keep.any():
+            raise CorpusError(
+                f"{corpus.name}: no pairs left after the length filter (max_source_length="
+                f"{config.max_source_length}, max_target_length={config.max_target_length}, "
+                f"{len(corpus)} pairs)"
+            )
+        kept = np.flatnonzero(keep)
+        need = np.maximum(src_len[kept] + int(config.add_source_eos), tgt_len[kept] + 1)
+        boundaries = list(config.bucket_boundaries)
+        if need.max() > boundaries[-1]:
+            boundaries.append(_round_up(int(need.max()), 8))
+        which = np.searchsorted(boundaries, need, side="left")
+        self.buckets: list[Bucket] = []
+        for k, length in enumerate(boundaries):
+            members = kept[which == k]
+            if len(members):
+                self.buckets.append(Bucket(length, self._batch_size(length), members))
+        # Batches per bucket per epoch: fixed, since shuffling only permutes within a bucket.
+        self._counts = [
+            len(b.members) // b.batch_size if config.drop_remainder else -(-len(b.members) // b.batch_size)
+            for b in self.buckets
+        ]
+        self.batches_per_epoch = sum(self._counts)
+        if self.batches_per_epoch == 0:
+            raise CorpusError(
+                f"{corpus.name}: no complete batch ({len(kept)} pairs, buckets "
+                f"{[(b.length, len(b.members)) for b in self.buckets]}, batch sizes "
+                f"{[b.batch_size for b in self.buckets]}); lower the batch size or set drop_remainder=False"
+            )
+        self.num_batches = (
+            sys.maxsize if config.num_epochs is None else config.num_epochs * self.batches_per_epoch
+        )
+        self._lock = threading.Lock()
+        self._cache: dict[int, list[tuple[int, np.ndarray]]] = {}
+
+    def _batch_size(self, length: int) -> int:
+        c = self.config
+        if c.batch_size is not None:
+            return c.batch_size
+        return max(c.batch_multiple, c.tokens_per_batch // length // c.batch_multiple * c.batch_multiple)
+
+    @property
+    def shapes(self) -> list[tuple[int, int]]:
+        """``(batch size, padded length)`` of each bucket that yields batches: every shape a run compiles."""
+        return [(b.batch_size, b.length) for b, n in zip(self.buckets, self._counts, strict=True) if n]
+
+    def epoch(self, e: int) -> list[tuple[int, np.ndarray]]:
+        """Epoch ``e``: ``(bucket index, corpus indices [batch size], -1 on padding rows)`` per batch."""
+        with self._lock:
+            if e not in self._cache:
+                if len(self._cache) > 2:
+                    self._cache.pop(min(self._cache))
+                self._cache[e] = self._make_epoch(e)
+            return self._cache[e]
+
+    def _make_epoch(self, e: int) -> list[tuple[int, np.ndarray]]:
+        rng = np.random.default_rng((self.config.seed, e)) if self.config.shuffle else None
+        batches = []
+        for k, (bucket, count) in enumerate(zip(self.buckets, self._counts, strict=True)):
+            members = rng.permutation(bucket.members) if rng is not None else bucket.members
+            padded = np.full(count * bucket.batch_size, -1, np.int64)
+            n = min(len(members), len(padded))
+            padded[:n] = members[:n]
+            batches.extend((k, rows) for rows in padded.reshape(count, bucket.batch_size))
+        if rng is not None:
+            batches = [batches[i] for i in rng.permutation(len(batches))]
+        return batches
+
+    def global_batch(self, k: int) -> tuple[int, np.ndarray]:
+        """Global batch ``k`` of the run: ``(bucket index, corpus indices)``."""
+        if not 0 <= k < self.num_batches:
+            raise IndexError(f"global batch {k} out of range [0, {self.num_batches})")
+        e, i = divmod(k, self.batches_per_epoch)
+        return self.epoch(e)[i]
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Batches.
+
+
+class Batch(NamedTuple):
+    """A padded batch of NumPy arrays; see the module docstring for the layout."""
+
+    src: np.ndarray
+    src_len: np.ndarray
+    tgt_in: np.ndarray
+    tgt_out: np.ndarray
+    tgt_len: np.ndarray
+    example_id: np.ndarray
+    gold: np.ndarray | None = None
+
+    @property
+    def src_mask(self) -> np.ndarray:
+        """bool [B, S]: True on real source positions (including ``</s>``)."""
+        return np.arange(self.src.shape[1]) < self.src_len[:, None]
+
+    @property
+    def tgt_mask(self) -> np.ndarray:
+        """bool [B, T]: True on target positions that carry a label."""
+        return np.arange(self.tgt_out.shape[1]) < self.tgt_len[:, None]
+
+
+def parse_alignment(alignment: str) -> list[tuple[int, int]]:
+    """Pharaoh ``"i-j i-j ..."`` (``i?j``: possible link) as a list of ``(source, target)`` pairs."""
+    links = []
+    for link in alignment.split():
+        i, _, j = link.replace("?", "-").partition("-")
+        links.append((int(i), int(j)))
+    return links
+
+
+def assemble_batch(
+    corpus: EncodedCorpus,
+    rows: np.ndarray,
+    length: int,
+    *,
+    add_source_eos: bool = True,
+    with_gold: bool = False,
+) -> Batch:
+    """Pad the pairs ``rows`` (corpus indices, -1 for padding rows) to ``length`` positions."""
+    n = len(rows)
+    src = np.full((n, length), PAD_ID, np.int32)
+    tgt_in = np.full((n, length), PAD_ID, np.int32)
+    tgt_out = np.full((n, length), PAD_ID, np.int32)
+    src_len = np.zeros(n, np.int32)
+    tgt_len = np.zeros(n, np.int32)
+    gold = np.zeros((n, length, length), bool) if with_gold else None
+    for b, i in enumerate(rows):
+        if i < 0:
+            continue
+        s, t = corpus.source(i), corpus.target(i)
+        src[b, : len(s)] = s
+        if add_source_eos:
+            src[b, len(s)] = EOS_ID
+        src_len[b] = len(s) + int(add_source_eos)
+        tgt_in[b, 0] = BOS_ID
+        tgt_in[b, 1 : len(t) + 1] = t
+        tgt_out[b, : len(t)] = t
+        tgt_out[b, len(t)] = EOS_ID
+        tgt_len[b] = len(t) + 1
+        if gold is not None:
+            for si, tj in parse_alignment(corpus.alignments[i]):
+                gold[b, tj, si] = True
+    example_id = np.where(np.asarray(rows) < 0, -1, rows).astype(np.int32)
+    return Batch(src, src_len, tgt_in, tgt_out, tgt_len, example_id, gold)
+
+
+class _ShardSource:
+    """grain random-access source: element ``k`` is this process's rows of global batch ``k``."""
+
+    def __init__(self, corpus, plan, process_index, process_count, with_gold) -> None:
+        self.corpus, self.plan, self.with_gold = corpus, plan, with_gold
+        self.process_index, self.process_count = process_index, process_count
+
+    def __len__(self) -> int:
+        return self.plan.num_batches
+
+    def __getitem__(self, k: int) -> Batch:
+        bucket, rows = self.plan.global_batch(int(k))
+        per = len(rows) // self.process_count
+        mine = rows[self.process_index * per : (self.process_index + 1) * per]
+        return assemble_batch(
+            self.corpus,
+            mine,
+            self.plan.buckets[bucket].length,
+            add_source_eos=self.plan.config.add_source_eos,
+            with_gold=self.with_gold,
+        )
+
+
+class BatchIterator(grain.DatasetIterator):
+    """Iterator over this process's batches; its state (:meth:`get_state`) restores the exact position.
+
+    It is a grain ``DatasetIterator``, so Orbax can checkpoint it beside the model (grain's
+    ``save``/``load``).
+    """
+
+    def __init__(self, corpus: EncodedCorpus, plan: BatchPlan, source: _ShardSource, prefetch: int) -> None:
+        read = grain.ReadOptions(num_threads=1 if prefetch else 0, prefetch_buffer_size=prefetch)
+        inner = iter(grain.MapDataset.source(source).to_iter_dataset(read))
+        super().__init__(inner)
+        self.plan = plan
+        self.process_index, self.process_count = source.process_index, source.process_count
+        self._fingerprint = hashlib.sha256(
+            json.dumps(
+                [
+                    corpus.fingerprint(),
+                    dataclasses.asdict(plan.config),
+                    self.process_index,
+                    self.process_count,
+                ],
+                sort_keys=True,
+            ).encode()
+        ).hexdigest()[:16]
+
+    def __next__(self) -> Batch:
+        return next(self._parent)
+
+    @property
+    def shapes(self) -> list[tuple[int, int]]:
+        """``(rows on this process, padded length)`` of every batch shape this iterator yields."""
+        return [(b // self.process_count, n) for b, n in self.plan.shapes]
+
+    def get_state(self) -> dict[str, Any]:
+        """``{"next_index": global batches consumed, "fingerprint": corpus/config/process hash}``."""
+        return {"next_index": int(self._parent.get_state()["next_index"]), "fingerprint": self._fingerprint}
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        """Continue from a state of an iterator over the same corpus, config and process."""
+        if state.get("fingerprint") != self._fingerprint:
+            raise ValueError(
+                f"iterator state {state} was saved for another corpus, batch config or process "
+                f"(this iterator's fingerprint is {self._fingerprint})"
+            )
+        self._parent.set_state({"next_index": int(state["next_index"])})
+
+
+def make_batch_iterator(
+    corpus: EncodedCorpus,
+    config: BatchConfig,
+    *,
+    process_index: int = 0,
+    process_count: int = 1,
+    with_gold: bool = False,
+    prefetch: int = 2,
+) -> BatchIterator:
+    """Batches of ``corpus`` under ``config``; process ``process_index`` of ``process_count`` gets its rows.
+
+    Args:
+      corpus: encoded pairs (:func:`encode_corpus`).
+      config: filtering, bucketing, batch sizes, shuffling and epochs.
+      process_index: this process (``jax.process_index()``).
+      process_count: number of processes (``jax.process_count()``); each global batch of B rows is split into
+        contiguous blocks of ``B // process_count`` rows, block ``p`` going to process ``p``.
+      with_gold: include the gold alignment matrix ``gold`` (needs word-level vocabularies and a corpus with
+        alignments, e.g. the built-in one).
+      prefetch: batches assembled ahead in a background thread (0: none).
+
+    Returns:
+      A :class:`BatchIterator`. Raises :class:`CorpusError` when filtering leaves nothing and ``ValueError``
+      on inconsistent arguments.
+    """
+    if not 0 <= process_index < process_count:
+        raise ValueError(f"need 0 <= process_index < process_count, got {process_index} and {process_count}")
+    if with_gold and corpus.alignments is None:
+        raise ValueError(
+            f"{corpus.name}: no word-level gold alignments "
+            "(the corpus has none, or a vocabulary is not word-level)"
+        )
+    plan = BatchPlan(corpus, config)
+    bad = [b for b, _ in plan.shapes if b % process_count]
+    if bad:
+        raise ValueError(
+            f"batch sizes {bad} are not divisible by process_count={process_count}; "
+            f"set batch_multiple to a multiple of {process_count}"
+        )
+    source = _ShardSource(corpus, plan, process_index, process_count, with_gold)
+    return BatchIterator(corpus, plan, source, prefetch)

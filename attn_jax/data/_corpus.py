@@ -1,0 +1,322 @@
+"""Parallel corpora in memory, read from plain-text files, TSV files, TFDS datasets or the built-in generator.
+
+Every reader returns a :class:`ParallelCorpus` of stripped, non-empty sentence pairs. Pairs where either side
+is empty are skipped and counted (``skipped_empty``); every other problem raises :class:`CorpusError`, whose
+message starts with ``file:line:`` (or the file, or the dataset name) so that the CLI can print it as one
+line.
+
+WMT'14 English-French, the data of Bahdanau et al. (2015), comes through TFDS. TFDS downloads and prepares it
+once, on a machine with internet access; after that it loads offline from ``data_dir``::
+
+    # once, with internet (about 40M pairs, several GB; takes hours):
+    pip install 'attn-jax[data]' importlib-resources
+    tfds build wmt14_translate/fr-en --data_dir ~/tensorflow_datasets
+    # or, from Python: tfds.builder("wmt14_translate/fr-en", data_dir=...).download_and_prepare()
+
+    # then, offline, anywhere the data_dir is mounted:
+    corpus = load_tfds_corpus("wmt14_translate/fr-en", "train", source_key="en", target_key="fr",
+                              data_dir="~/tensorflow_datasets")
+
+(``importlib-resources``: TFDS 4.9.10 imports it when preparing any dataset but only declares it for Python <
+3.9, tensorflow/datasets#11212.)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Iterable, Sequence
+
+from attn_jax.data._synthetic import SPLITS
+
+
+class CorpusError(ValueError):
+    """A corpus cannot be read; the message names the file and line (``path:line: what is wrong``)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ParallelCorpus:
+    """Sentence pairs, aligned by index.
+
+    Attributes:
+      sources: source sentences (stripped, never empty).
+      targets: target sentences, ``targets[i]`` translates ``sources[i]``.
+      alignments: gold word alignments (Pharaoh ``"i-j ..."`` over whitespace tokens), or None.
+      name: where the pairs came from, for messages.
+      skipped_empty: pairs dropped because one side was empty.
+    """
+
+    sources: tuple[str, ...]
+    targets: tuple[str, ...]
+    alignments: tuple[str, ...] | None = None
+    name: str = ""
+    skipped_empty: int = 0
+
+    def __post_init__(self) -> None:
+        if len(self.sources) != len(self.targets):
+            raise ValueError(f"{self.name}: {len(self.sources)} sources but {len(self.targets)} targets")
+        if self.alignments is not None and len(self.alignments) != len(self.sources):
+            raise ValueError(f"{self.name}: {len(self.sources)} pairs but {len(self.alignments)} alignments")
+
+    def __len__(self) -> int:
+        return len(self.sources)
+
+
+def _collect(
+    name: str, rows: Iterable[tuple[str, str] | tuple[str, str, str]], *, with_alignments: bool
+) -> ParallelCorpus:
+    """Strip both sides, skip pairs with an empty side, and refuse an empty result."""
+    sources, targets, alignments = [], [], []
+    skipped = 0
+    for row in rows:
+        src, tgt = row[0].strip(), row[1].strip()
+        if not src or not tgt:
+            skipped += 1
+            continue
+        sources.append(src)
+        targets.append(tgt)
+        if with_alignments:
+            alignments.append(row[2].strip())
+    if not sources:
+        raise CorpusError(f"{name}: no sentence pairs (skipped {skipped} pairs with an empty side)")
+    return ParallelCorpus(
+        tuple(sources), tuple(targets), tuple(alignments) if with_alignments else None, name, skipped
+    )
+
+
+def _read_lines(path: str | os.PathLike) -> list[str]:
+    """The lines of a UTF-8 file, without line endings (``\\n``, ``\\r\\n``) or a leading byte-order mark."""
+    path = os.fspath(path)
+    lines = []
+    try:
+        with open(path, "rb") as f:
+            for lineno, raw in enumerate(f, start=1):
+                try:
+                    line = raw.decode("utf-8")
+                except UnicodeDecodeError as e:
+                    raise CorpusError(
+                        f"{path}:{lineno}: invalid UTF-8 (byte 0x{raw[e.start]:02x} at column {e.start + 1})"
+                    ) from None
+                if lineno == 1:
+                    line = line.removeprefix("\ufeff")
+                lines.append(line.rstrip("\r\n"))
+    except FileNotFoundError:
+        raise CorpusError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise CorpusError(f"{path}: is a directory, expected a text file") from None
+    except PermissionError:
+        raise CorpusError(f"{path}: permission denied") from None
+    return lines
+
+
+def read_plain_corpus(source_path: str | os.PathLike, target_path: str | os.PathLike) -> ParallelCorpus:
+    """Read a parallel corpus from two line-aligned UTF-8 files (one sentence a line).
+
+    Args:
+      source_path: source sentences.
+      target_path: target sentences; line ``k`` translates line ``k`` of ``source_path``.
+
+    Returns:
+      The corpus. Pairs with an empty side are skipped and counted in ``skipped_empty``. Raises
+      :class:`CorpusError` for a missing file, invalid UTF-8 (``file:line``), different line counts (naming
+      the first line without a partner) or no pairs left.
+    """
+    src, tgt = _read_lines(source_path), _read_lines(target_path)
+    if len(src) != len(tgt):
+        longer, n = (source_path, len(src)) if len(src) > len(tgt) else (target_path, len(tgt))
+        raise CorpusError(
+            f"{os.fspath(longer)}:{min(len(src), len(tgt)) + 1}: line has no partner: "
+            f"{os.fspath(source_path)} has {len(src)} lines but {os.fspath(target_path)} has {len(tgt)}"
+        )
+    return _collect(
+        f"{os.fspath(source_path)} | {os.fspath(target_path)}",
+        zip(src, tgt, strict=True),
+        with_alignments=False,
+    )
+
+
+def read_moses_corpus(prefix: str | os.PathLike, source_lang: str, target_lang: str) -> ParallelCorpus:
+    """Read Moses-style ``prefix.source_lang`` / ``prefix.target_lang`` files (``train.en``, ``train.fr``)."""
+    prefix = os.fspath(prefix)
+    return read_plain_corpus(f"{prefix}.{source_lang}", f"{prefix}.{target_lang}")
+
+
+def read_tsv_corpus(
+    path: str | os.PathLike, source_column: int = 0, target_column: int = 1
+) -> ParallelCorpus:
+    """Read a parallel corpus from a UTF-8 file of tab-separated columns, one pair a line.
+
+    Args:
+      path: the TSV file.
+      source_column: 0-based column of the source sentence.
+      target_column: 0-based column of the target sentence.
+
+    Returns:
+      The corpus; blank lines and pairs with an empty side are skipped and counted. A non-blank line with too
+      few columns raises :class:`CorpusError` naming ``path:line``.
+    """
+    path = os.fspath(path)
+    need = max(source_column, target_column) + 1
+    rows = []
+    for lineno, line in enumerate(_read_lines(path), start=1):
+        if not line.strip():
+            rows.append(("", ""))
+            continue
+        cols = line.split("\t")
+        if len(cols) < need:
+            raise CorpusError(f"{path}:{lineno}: expected {need} tab-separated columns, found {len(cols)}")
+        rows.append((cols[source_column], cols[target_column]))
+    return _collect(path, rows, with_alignments=False)
+
+
+def _text(value) -> str:
+    return value.decode("utf-8") if isinstance(value, bytes) else str(value)
+
+
+def load_tfds_corpus(
+    name: str,
+    split: str,
+    *,
+    source_key: str | None = None,
+    target_key: str | None = None,
+    alignment_key: str | None = None,
+    data_dir: str | os.PathLike | None = None,
+    download: bool = False,
+    max_examples: int | None = None,
+) -> ParallelCorpus:
+    """Read a TFDS translation dataset (e.g. ``wmt14_translate/fr-en``) into memory.
+
+    The dataset must already be prepared in ``data_dir`` unless ``download`` is True; see the module docstring
+    for the one-time ``tfds build`` on a machine with internet.
+
+    Args:
+      name: TFDS name with config, e.g. ``"wmt14_translate/fr-en"`` or ``"attn_jax_synthetic/tiny"``.
+      split: TFDS split, slicing allowed (``"train[:1%]"``).
+      source_key: feature holding the source text; default: the first of the dataset's ``supervised_keys``.
+      target_key: feature holding the target text; default: the second of ``supervised_keys``.
+      alignment_key: feature holding gold Pharaoh alignments, if any; default ``"alignment"`` when present.
+      data_dir: TFDS data directory (default: TFDS's, ``~/tensorflow_datasets`` or ``$TFDS_DATA_DIR``).
+      download: prepare the dataset first if it is not (needs internet for real datasets).
+      max_examples: read at most this many pairs (before skipping empty ones).
+
+    Returns:
+      The corpus. Raises :class:`CorpusError` when the dataset is unknown, not prepared, or lacks the keys.
+    """
+    import tensorflow_datasets as tfds  # lazy: TFDS (and TensorFlow when reading) only on this path
+
+    import attn_jax.data._tfds_synthetic  # noqa: F401  registers attn_jax_synthetic
+
+    try:
+        builder = tfds.builder(name, data_dir=os.fspath(data_dir) if data_dir is not None else None)
+    except Exception as e:  # TFDS raises DatasetNotFoundError and friends with multi-line messages
+        raise CorpusError(f"{name}: unknown TFDS dataset ({str(e).splitlines()[0]})") from None
+    features = builder.info.features
+    keys = list(features.keys()) if hasattr(features, "keys") else []
+    supervised = builder.info.supervised_keys
+    if source_key is None or target_key is None:
+        if not (
+            isinstance(supervised, tuple)
+            and len(supervised) == 2
+            and all(isinstance(k, str) for k in supervised)
+        ):
+            raise CorpusError(
+                f"{name}: no supervised keys; pass source_key and target_key (features: {keys})"
+            )
+        source_key = source_key or supervised[0]
+        target_key = target_key or supervised[1]
+    if alignment_key is None and "alignment" in keys:
+        alignment_key = "alignment"
+    for key in (source_key, target_key, alignment_key):
+        if key is not None and key not in keys:
+            raise CorpusError(f"{name}: no feature {key!r}; features are {keys}")
+    if download:
+        try:
+            builder.download_and_prepare()
+        except ModuleNotFoundError as e:
+            raise CorpusError(
+                f"{name}: preparing needs the missing module {e.name!r} (pip install importlib-resources; "
+                "tensorflow/datasets#11212)"
+            ) from None
+    try:
+        ds = builder.as_dataset(split=split, shuffle_files=False)
+    except AssertionError:  # TFDS asserts that the data were prepared
+        raise CorpusError(
+            f"{name}: not prepared in {builder.data_dir}; on a machine with internet run "
+            f"`tfds build {name} --data_dir DIR`, then pass data_dir=DIR"
+        ) from None
+    except ValueError as e:  # unknown split
+        raise CorpusError(f"{name}: {str(e).splitlines()[0]}") from None
+    if max_examples is not None:
+        ds = ds.take(max_examples)
+
+    keys = [k for k in (source_key, target_key, alignment_key) if k is not None]
+
+    def rows():
+        # Batched reading: one Python step per 1024 pairs instead of per pair.
+        for ex in tfds.as_numpy(ds.batch(1024)):
+            yield from zip(*([_text(v) for v in ex[k]] for k in keys), strict=True)
+
+    return _collect(f"{name}[{split}]", rows(), with_alignments=alignment_key is not None)
+
+
+def load_synthetic_corpus(
+    split: str, config: str = "default", *, data_dir: str | os.PathLike | None = None
+) -> ParallelCorpus:
+    """A split of the built-in corpus ``attn_jax_synthetic/<config>``, built into ``data_dir`` on first use.
+
+    Building needs no network: ``default`` takes about 20 s, ``small`` 5 s, ``tiny`` under a second (plus the
+    TensorFlow import). The pairs equal :func:`generate_synthetic` of the config's spec, in order.
+    """
+    if split.split("[")[0] not in SPLITS:
+        raise CorpusError(f"attn_jax_synthetic/{config}: unknown split {split!r}; expected one of {SPLITS}")
+    return load_tfds_corpus(f"attn_jax_synthetic/{config}", split, data_dir=data_dir, download=True)
+
+
+@dataclasses.dataclass(frozen=True)
+class CorpusSpec:
+    """Where a corpus comes from, as a config value; :meth:`load` reads one split of it.
+
+    Exactly one source: ``synthetic`` (a config name of the built-in corpus), ``tfds`` (a TFDS name),
+    ``plain`` (``(source_path, target_path)``, or a Moses ``prefix`` with ``{split}`` in it, see :meth:`load`)
+    or ``tsv`` (a path, ``{split}`` substituted).
+    """
+
+    synthetic: str | None = None
+    tfds: str | None = None
+    plain: tuple[str, str] | None = None
+    tsv: str | None = None
+    source_key: str | None = None
+    target_key: str | None = None
+    data_dir: str | None = None
+
+    def __post_init__(self) -> None:
+        given = [k for k in ("synthetic", "tfds", "plain", "tsv") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError(
+                f"CorpusSpec needs exactly one of synthetic/tfds/plain/tsv, got {given or 'none'}"
+            )
+
+    def load(self, split: str) -> ParallelCorpus:
+        """Read ``split``; for file corpora ``{split}`` in the paths is replaced by the split name."""
+        if self.synthetic is not None:
+            return load_synthetic_corpus(split, self.synthetic, data_dir=self.data_dir)
+        if self.tfds is not None:
+            return load_tfds_corpus(
+                self.tfds,
+                split,
+                source_key=self.source_key,
+                target_key=self.target_key,
+                data_dir=self.data_dir,
+            )
+        if self.plain is not None:
+            src, tgt = (p.format(split=split) for p in self.plain)
+            return read_plain_corpus(src, tgt)
+        return read_tsv_corpus(self.tsv.format(split=split))
+
+
+def corpus_from_pairs(
+    pairs: Sequence[tuple[str, str]] | Sequence[tuple[str, str, str]], name: str = "pairs"
+) -> ParallelCorpus:
+    """A corpus from in-memory ``(source, target)`` or ``(source, target, alignment)`` tuples."""
+    with_alignments = bool(pairs) and len(pairs[0]) == 3
+    return _collect(name, pairs, with_alignments=with_alignments)
