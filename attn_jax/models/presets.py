@@ -1,0 +1,112 @@
+"""The RNN models' configuration (a frozen dataclass) and its named presets: the paper's sizes and CPU sizes.
+
+A preset is a plain function returning an :class:`RNNConfig`; any field can be overridden by keyword
+(``paper_config("rnnsearch", hidden=500)``) or afterwards with ``config.replace(...)``. The trainer's
+``ml_collections`` configs (``configs/*.py``) build one of these from their ``model`` section.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Literal
+
+import jax.numpy as jnp
+
+__all__ = ["ARCHS", "SCORERS", "RNNConfig", "paper_config", "small_config"]
+
+Arch = Literal["rnnsearch", "rnnenc"]
+Scorer = Literal["additive", "normed_additive", "dot", "general", "local-p"]
+ARCHS: tuple[str, ...] = ("rnnsearch", "rnnenc")
+SCORERS: tuple[str, ...] = ("additive", "normed_additive", "dot", "general", "local-p")
+_FLOAT_DTYPES = ("float32", "bfloat16", "float16")
+
+
+@dataclasses.dataclass(frozen=True)
+class RNNConfig:
+    """Sizes and options of RNNsearch (Bahdanau et al. 2015) and RNNenc (Cho et al. 2014).
+
+    Attributes:
+      src_vocab: ``K_x``, source vocabulary size (ids ``0 .. K_x - 1``).
+      tgt_vocab: ``K_y``, target vocabulary size.
+      arch: ``"rnnsearch"`` (bidirectional encoder + attention) or ``"rnnenc"`` (fixed context vector).
+      embed: ``m``, word-embedding width (paper: 620).
+      hidden: ``n``, GRU state width of encoder and decoder (paper: 1000).
+      maxout: ``l``, units after the maxout of the deep output (paper: 500; ``2l`` before pooling).
+      align: ``n'``, alignment width of the additive scorer and of local-p's position predictor (paper: 1000).
+      scorer: RNNsearch's attention score: ``additive`` (the paper), ``normed_additive`` (weight-normalised
+        ``v``), ``dot``, ``general`` (Luong et al. 2015), ``local-p`` (Luong's predictive local attention with
+        the general score). Ignored by RNNenc.
+      input_feeding: Luong-style input feeding (RNNsearch only): the previous step's maxout readout
+        ``t_{i-1}`` is an extra input of the decoder GRU. See ``attn_jax.models.rnnsearch``.
+      local_window: ``D``, half-width of the local-p window (Luong: 10).
+      param_dtype: dtype the parameters are stored in.
+      dtype: compute dtype of matmul operands and activations (``"bfloat16"`` for mixed precision; recurrent
+        states, attention logits, softmax and output logits stay float32).
+    """
+
+    src_vocab: int = 30000
+    tgt_vocab: int = 30000
+    arch: Arch = "rnnsearch"
+    embed: int = 620
+    hidden: int = 1000
+    maxout: int = 500
+    align: int = 1000
+    scorer: Scorer = "additive"
+    input_feeding: bool = False
+    local_window: int = 10
+    param_dtype: str = "float32"
+    dtype: str = "float32"
+
+    def __post_init__(self):
+        for name in ("src_vocab", "tgt_vocab", "embed", "hidden", "maxout", "align", "local_window"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"model config: {name} must be a positive int, got {value!r}")
+        if self.arch not in ARCHS:
+            raise ValueError(f"model config: arch must be one of {', '.join(ARCHS)}; got {self.arch!r}")
+        if self.scorer not in SCORERS:
+            raise ValueError(f"model config: scorer must be one of {', '.join(SCORERS)}; got {self.scorer!r}")
+        if not isinstance(self.input_feeding, bool):
+            raise ValueError(f"model config: input_feeding must be a bool, got {self.input_feeding!r}")
+        if self.input_feeding and self.arch != "rnnsearch":
+            raise ValueError(
+                "model config: input_feeding needs attention (arch='rnnsearch'); RNNenc has none"
+            )
+        for name in ("param_dtype", "dtype"):
+            value = getattr(self, name)
+            try:
+                canonical = jnp.dtype(value).name
+            except TypeError:
+                canonical = None
+            if canonical not in _FLOAT_DTYPES:
+                raise ValueError(
+                    f"model config: {name} must be one of {', '.join(_FLOAT_DTYPES)}; got {value!r}"
+                )
+            object.__setattr__(self, name, canonical)
+
+    def replace(self, **changes) -> RNNConfig:
+        """A copy with ``changes`` applied (validated again)."""
+        return dataclasses.replace(self, **changes)
+
+
+def paper_config(
+    arch: Arch = "rnnsearch", *, src_vocab: int = 30000, tgt_vocab: int = 30000, **overrides
+) -> RNNConfig:
+    """Bahdanau et al. (2015), §4.2 / appendix A: ``m = 620``, ``n = 1000``, ``l = 500``, ``n' = 1000``,
+    30 000-word vocabularies; RNNenc uses the same sizes (1000 hidden units in encoder and decoder).
+
+    >>> paper_config("rnnenc").hidden
+    1000
+    """
+    base = dict(embed=620, hidden=1000, maxout=500, align=1000)
+    return RNNConfig(src_vocab=src_vocab, tgt_vocab=tgt_vocab, arch=arch, **{**base, **overrides})
+
+
+def small_config(arch: Arch = "rnnsearch", *, src_vocab: int, tgt_vocab: int, **overrides) -> RNNConfig:
+    """A CPU-sized preset for the built-in corpus and demos: ``m = 64``, ``n = 128``, ``l = 64``, ``n' = 64``.
+
+    >>> small_config(src_vocab=100, tgt_vocab=120).embed
+    64
+    """
+    base = dict(embed=64, hidden=128, maxout=64, align=64)
+    return RNNConfig(src_vocab=src_vocab, tgt_vocab=tgt_vocab, arch=arch, **{**base, **overrides})
