@@ -1,0 +1,26 @@
+"""The examples in public docstrings run and print what they claim (attention core and NNX helpers)."""
+
+import doctest
+import importlib
+
+import pytest
+
+MODULES = [
+    "attn_jax.attention._softmax",
+    "attn_jax.attention._masks",
+    "attn_jax.attention._dot_product",
+    "attn_jax.attention._multihead",
+    "attn_jax.attention._positional",
+    "attn_jax.attention._additive",
+    "attn_jax.attention._luong",
+    "attn_jax.attention._local",
+    "attn_jax.models.interface",
+]
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_docstring_examples(name):
+    module = importlib.import_module(name)
+    result = doctest.testmod(module, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
+    assert result.attempted > 0, f"{name} has no docstring examples"
+    assert result.failed == 0, f"{result.failed} of {result.attempted} docstring examples failed in {name}"
