@@ -1,0 +1,91 @@
+"""Evaluation for attn_jax: sacreBLEU overall, by source length and without ``<unk>``; AER; heatmaps; tables.
+
+Works on strings, token lists and NumPy arrays and imports nothing else of attn_jax; sacrebleu and matplotlib
+(the ``eval`` extra) are imported only when a BLEU score or a picture is made. See attn_jax/eval/README.md.
+
+Typical use::
+
+    from attn_jax import eval as ev
+    r = ev.bleu_by_length(hypotheses, references, sources)          # overall + 0-9, 10-19, ..., 60+
+    # AER needs the attention of the *reference* (teacher forcing): the gold aligns source and reference words.
+    links = [ev.argmax_alignment(w[:len(r.split()), :len(s.split())]) for w, s, r in zip(attn, sources, refs)]
+    aer = ev.alignment_error_rate(links, gold_pharaoh_strings)
+    ev.plot_attention(w, src_words, tgt_words, "runs/x/attention_0.png", gold=gold_pharaoh_strings[0])
+    print(ev.bleu_by_length_markdown({"RNNenc": r_enc, "RNNsearch": r_search}))
+"""
+
+from attn_jax.eval._alignment import (
+    AerResult,
+    Alignment,
+    Link,
+    Links,
+    alignment_error_rate,
+    alignment_matrix,
+    argmax_alignment,
+    format_pharaoh,
+    links_from_matrix,
+    mutual_argmax_alignment,
+    parse_pharaoh,
+    threshold_alignment,
+)
+from attn_jax.eval._bleu import (
+    PAPER_BUCKETS,
+    UNK_ID,
+    UNK_TOKEN,
+    BleuByLength,
+    BleuResult,
+    BucketBleu,
+    LengthBucket,
+    bleu_by_length,
+    bleu_no_unk,
+    bleu_subset,
+    bucket_index,
+    corpus_bleu,
+    has_unk,
+    length_buckets,
+)
+from attn_jax.eval._plots import attention_figsize, plot_attention, plot_bleu_by_length
+from attn_jax.eval._tables import (
+    SystemScores,
+    bleu_by_length_json,
+    bleu_by_length_markdown,
+    summary_json,
+    summary_markdown,
+)
+
+__all__ = [
+    "PAPER_BUCKETS",
+    "UNK_ID",
+    "UNK_TOKEN",
+    "AerResult",
+    "Alignment",
+    "BleuByLength",
+    "BleuResult",
+    "BucketBleu",
+    "LengthBucket",
+    "Link",
+    "Links",
+    "SystemScores",
+    "alignment_error_rate",
+    "alignment_matrix",
+    "argmax_alignment",
+    "attention_figsize",
+    "bleu_by_length",
+    "bleu_by_length_json",
+    "bleu_by_length_markdown",
+    "bleu_no_unk",
+    "bleu_subset",
+    "bucket_index",
+    "corpus_bleu",
+    "format_pharaoh",
+    "has_unk",
+    "length_buckets",
+    "links_from_matrix",
+    "mutual_argmax_alignment",
+    "parse_pharaoh",
+    "plot_attention",
+    "plot_bleu_by_length",
+    "summary_json",
+    "summary_markdown",
+    "threshold_alignment",
+]

@@ -1,0 +1,397 @@
+"""Corpus BLEU with sacreBLEU: overall, by source-sentence length bucket, and on the sentences without ``<unk>``."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import operator
+from collections.abc import Callable, Sequence
+from typing import Any
+
+# The special-id layout of attn_jax.data (<pad> 0, <s> 1, </s> 2, <unk> 3), repeated here because eval/ imports
+# nothing of ours; tests/test_eval.py checks that the two agree.
+UNK_ID = 3
+UNK_TOKEN = "<unk>"
+
+
+@dataclasses.dataclass(frozen=True)
+class BleuResult:
+    """Corpus BLEU of one set of sentences, with the sacreBLEU signature that makes it reproducible.
+
+    Attributes:
+      score: BLEU in [0, 100]; NaN for an empty set of sentences.
+      signature: sacreBLEU's signature, e.g. ``nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.6.0``.
+      num_sentences: number of hypothesis/reference pairs scored.
+      precisions: modified n-gram precisions (percent), n = 1..4.
+      brevity_penalty: BP in [0, 1].
+      hyp_len: hypothesis length in tokens (after sacreBLEU's tokenisation).
+      ref_len: reference length in tokens.
+    """
+
+    score: float
+    signature: str
+    num_sentences: int
+    precisions: tuple[float, ...]
+    brevity_penalty: float
+    hyp_len: int
+    ref_len: int
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict (NaN becomes ``None``)."""
+        return {
+            "bleu": _finite_or_none(self.score),
+            "signature": self.signature,
+            "sentences": self.num_sentences,
+            "precisions": [_finite_or_none(p) for p in self.precisions],
+            "brevity_penalty": _finite_or_none(self.brevity_penalty),
+            "hyp_len": self.hyp_len,
+            "ref_len": self.ref_len,
+        }
+
+    def __str__(self) -> str:
+        return f"BLEU = {self.score:.2f} ({self.num_sentences} sentences; {self.signature})"
+
+
+@dataclasses.dataclass(frozen=True)
+class LengthBucket:
+    """Source lengths ``low <= n < high`` (``high=None``: no upper bound), with a label such as ``"10-19"``."""
+
+    low: int
+    high: int | None
+    label: str
+
+    def __contains__(self, length: object) -> bool:
+        try:
+            n = operator.index(length)  # ints and NumPy integers, not floats
+        except TypeError:
+            return False
+        return self.low <= n and (self.high is None or n < self.high)
+
+
+def length_buckets(edges: Sequence[int] = (10, 20, 30, 40, 50, 60)) -> tuple[LengthBucket, ...]:
+    """Buckets ``[0, e1), [e1, e2), ..., [ek, inf)`` of source-sentence length, labelled ``"0-9" ... "60+"``.
+
+    The default edges give the 10-word buckets of Bahdanau et al. (2015), Figure 2, and match the stratified test
+    split of the built-in corpus (``attn_jax.data.TEST_BUCKETS``).
+
+    Args:
+      edges: strictly increasing positive lengths where a new bucket starts.
+
+    Returns:
+      ``len(edges) + 1`` contiguous buckets covering every length >= 0.
+
+    >>> [b.label for b in length_buckets((10, 20))]
+    ['0-9', '10-19', '20+']
+    """
+    edges = [int(e) for e in edges]
+    if any(e <= 0 for e in edges) or any(a >= b for a, b in zip(edges, edges[1:], strict=False)):
+        raise ValueError(f"bucket edges must be strictly increasing positive lengths, got {edges}")
+    lows = [0, *edges]
+    highs: list[int | None] = [*edges, None]
+    return tuple(LengthBucket(lo, hi, _bucket_label(lo, hi)) for lo, hi in zip(lows, highs, strict=True))
+
+
+def _bucket_label(low: int, high: int | None) -> str:
+    """``"10-19"``, ``"60+"``, or ``"7"`` for a one-length bucket."""
+    if high is None:
+        return f"{low}+"
+    return f"{low}" if high == low + 1 else f"{low}-{high - 1}"
+
+
+#: The paper's Figure 2 buckets: 0-9, 10-19, ..., 50-59, 60+ source words.
+PAPER_BUCKETS = length_buckets()
+
+
+def bucket_index(length: int, buckets: Sequence[LengthBucket] = PAPER_BUCKETS) -> int:
+    """Index of the bucket that holds a sentence of ``length`` source words.
+
+    >>> [bucket_index(n) for n in (0, 9, 10, 59, 60, 61)]
+    [0, 0, 1, 5, 6, 6]
+    """
+    length = operator.index(length)
+    if length < 0:
+        raise ValueError(f"sentence length must be >= 0, got {length}")
+    for k, b in enumerate(buckets):
+        if length in b:
+            return k
+    raise ValueError(f"no bucket holds length {length}: buckets are {[b.label for b in buckets]}")
+
+
+@dataclasses.dataclass(frozen=True)
+class BucketBleu:
+    """BLEU of the sentences of one length bucket; ``bleu.num_sentences`` is the bucket's count."""
+
+    bucket: LengthBucket
+    bleu: BleuResult
+
+    @property
+    def label(self) -> str:
+        return self.bucket.label
+
+    @property
+    def num_sentences(self) -> int:
+        return self.bleu.num_sentences
+
+
+@dataclasses.dataclass(frozen=True)
+class BleuByLength:
+    """Overall corpus BLEU and the BLEU of each source-length bucket (the paper's Figure 2)."""
+
+    overall: BleuResult
+    buckets: tuple[BucketBleu, ...]
+
+    @property
+    def signature(self) -> str:
+        return self.overall.signature
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict: ``{"overall": {...}, "buckets": [{"bucket", "low", "high", ...BleuResult}]}``."""
+        return {
+            "overall": self.overall.to_dict(),
+            "buckets": [
+                {"bucket": b.label, "low": b.bucket.low, "high": b.bucket.high, **b.bleu.to_dict()}
+                for b in self.buckets
+            ],
+        }
+
+
+def corpus_bleu(
+    hypotheses: Sequence[str],
+    references: Sequence[str],
+    *,
+    tokenize: str = "13a",
+    lowercase: bool = False,
+) -> BleuResult:
+    """Corpus BLEU of detokenised hypotheses against one reference each, computed by sacreBLEU.
+
+    ``BLEU = BP · exp(Σ_{n=1..4} ¼ log p_n)``, ``BP = min(1, exp(1 - r/c))`` with ``p_n`` the modified n-gram
+    precisions summed over the corpus, ``c`` the hypothesis and ``r`` the reference length (Papineni et al., 2002),
+    computed by sacreBLEU (Post, 2018) with its defaults (``13a`` tokenisation, exponential smoothing), so the
+    number is comparable across papers through :attr:`BleuResult.signature`. The built-in corpus is already
+    whitespace-tokenised; ``13a`` leaves it as it is (pass ``tokenize="none"`` to score tokens exactly as given).
+
+    Args:
+      hypotheses: N system outputs, one string per sentence.
+      references: N references, one per hypothesis.
+      tokenize: sacreBLEU tokeniser name (``"13a"``, ``"none"``, ``"intl"``, ``"char"``, ...).
+      lowercase: case-insensitive BLEU.
+
+    Returns:
+      A :class:`BleuResult` (score, signature, sentence count, precisions, BP, lengths).
+
+    >>> r = corpus_bleu(["the cat sat on the mat ."], ["the cat sat on the mat ."])
+    >>> round(r.score, 6), r.num_sentences, r.signature.startswith("nrefs:1|case:mixed|eff:no|tok:13a")
+    (100.0, 1, True)
+    """
+    _check_pairs(hypotheses, references)
+    if not hypotheses:
+        raise ValueError("corpus_bleu: no sentences to score")
+    return _score(_metric(tokenize, lowercase), hypotheses, references)
+
+
+def bleu_by_length(
+    hypotheses: Sequence[str],
+    references: Sequence[str],
+    sources: Sequence[str] | None = None,
+    *,
+    lengths: Sequence[int] | None = None,
+    buckets: Sequence[LengthBucket] = PAPER_BUCKETS,
+    tokenize: str = "13a",
+    lowercase: bool = False,
+) -> BleuByLength:
+    """Corpus BLEU overall and within each source-length bucket (Bahdanau et al., 2015, Figure 2).
+
+    A sentence's length is its number of whitespace-separated source words (``len(source.split())``, punctuation
+    included, as in the built-in corpus), or ``lengths[n]`` when given (e.g. subword counts). Each bucket's score
+    is sacreBLEU's corpus BLEU of that bucket's sentences alone, so it equals ``corpus_bleu`` on the subset. An
+    empty bucket scores NaN with ``num_sentences == 0``.
+
+    Args:
+      hypotheses: N system outputs.
+      references: N references.
+      sources: N source sentences (to measure lengths); may be omitted when ``lengths`` is given.
+      lengths: N source lengths, overriding the word counts of ``sources``.
+      buckets: contiguous buckets starting at 0 with an open last one, e.g. ``length_buckets((10, 20, 30))``;
+        default :data:`PAPER_BUCKETS` (0-9, 10-19, ..., 50-59, 60+).
+      tokenize, lowercase: as in :func:`corpus_bleu`.
+
+    Returns:
+      :class:`BleuByLength` with the overall score and one :class:`BucketBleu` per bucket, in bucket order.
+
+    >>> r = bleu_by_length(["a b c d e"] * 2, ["a b c d e"] * 2, ["one two", " ".join(["w"] * 12)])
+    >>> [(b.label, b.num_sentences) for b in r.buckets][:3]
+    [('0-9', 1), ('10-19', 1), ('20-29', 0)]
+    """
+    _check_pairs(hypotheses, references)
+    if not hypotheses:
+        raise ValueError("bleu_by_length: no sentences to score")
+    if lengths is None:
+        if sources is None:
+            raise ValueError("bleu_by_length: pass the source sentences or their lengths")
+        _check_count("sources", sources, len(hypotheses))
+        lengths = [len(s.split()) for s in sources]
+    else:
+        _check_count("lengths", lengths, len(hypotheses))
+    _check_buckets(buckets)
+    metric = _metric(tokenize, lowercase)
+    members: list[list[int]] = [[] for _ in buckets]
+    for n, length in enumerate(lengths):
+        members[bucket_index(int(length), buckets)].append(n)
+    per_bucket = tuple(
+        BucketBleu(
+            b,
+            _score(metric, [hypotheses[n] for n in rows], [references[n] for n in rows]),
+        )
+        for b, rows in zip(buckets, members, strict=True)
+    )
+    return BleuByLength(_score(metric, hypotheses, references), per_bucket)
+
+
+def bleu_subset(
+    hypotheses: Sequence[str],
+    references: Sequence[str],
+    keep: Sequence[bool] | Callable[[int], bool],
+    *,
+    tokenize: str = "13a",
+    lowercase: bool = False,
+) -> BleuResult:
+    """Corpus BLEU of the sentences selected by ``keep`` (flags, or a predicate on the sentence index).
+
+    Args:
+      hypotheses: N system outputs.
+      references: N references.
+      keep: N booleans, or ``keep(n) -> bool`` for sentence index n.
+      tokenize, lowercase: as in :func:`corpus_bleu`.
+
+    Returns:
+      :class:`BleuResult` of the kept sentences (NaN score when none is kept).
+
+    >>> round(bleu_subset(["a b c d", "x"], ["a b c d", "y"], [True, False]).score, 6)
+    100.0
+    """
+    _check_pairs(hypotheses, references)
+    if callable(keep):
+        flags = [bool(keep(n)) for n in range(len(hypotheses))]
+    else:
+        _check_count("keep flags", keep, len(hypotheses))
+        flags = [bool(k) for k in keep]
+    rows = [n for n, k in enumerate(flags) if k]
+    return _score(_metric(tokenize, lowercase), [hypotheses[n] for n in rows], [references[n] for n in rows])
+
+
+def has_unk(sentence: str | Sequence[int], *, unk_id: int = UNK_ID, unk_token: str = UNK_TOKEN) -> bool:
+    """Whether a sentence contains an unknown word: token id ``unk_id`` in a list of ids, or ``unk_token`` as a
+    whitespace token of a string (e.g. a sentence decoded after vocabulary mapping).
+
+    >>> has_unk([5, 3, 7]), has_unk("le <unk> chat"), has_unk("le chat")
+    (True, True, False)
+    """
+    if isinstance(sentence, str):
+        return unk_token in sentence.split()
+    return any(int(t) == unk_id for t in sentence)
+
+
+def bleu_no_unk(
+    hypotheses: Sequence[str],
+    references: Sequence[str],
+    *,
+    source_has_unk: Sequence[bool],
+    reference_has_unk: Sequence[bool],
+    tokenize: str = "13a",
+    lowercase: bool = False,
+) -> BleuResult:
+    """Corpus BLEU on the sentences without unknown words (Bahdanau et al., 2015, Table 1, "No UNK").
+
+    A sentence counts when neither its source nor its reference contains ``<unk>`` after mapping through the
+    model's vocabularies (the hypothesis may contain ``<unk>``: that is the model's output, as in the paper).
+    eval/ knows no vocabulary, so the caller passes the flags, e.g. with the model's vocabularies::
+
+        source_has_unk = [has_unk(src_vocab.encode(s)) for s in sources]
+        reference_has_unk = [has_unk(tgt_vocab.encode(r)) for r in references]
+
+    Args:
+      hypotheses: N system outputs.
+      references: N references.
+      source_has_unk: N flags, True where the source sentence has an unknown word.
+      reference_has_unk: N flags, True where the reference has an unknown word.
+      tokenize, lowercase: as in :func:`corpus_bleu`.
+
+    Returns:
+      :class:`BleuResult` of the sentences with both flags False; ``num_sentences`` says how many.
+
+    >>> bleu_no_unk(["a b c d", "x"], ["a b c d", "y"], source_has_unk=[False, True],
+    ...             reference_has_unk=[False, False]).num_sentences
+    1
+    """
+    _check_count("source_has_unk flags", source_has_unk, len(hypotheses))
+    _check_count("reference_has_unk flags", reference_has_unk, len(hypotheses))
+    keep = [not (s or r) for s, r in zip(source_has_unk, reference_has_unk, strict=True)]
+    return bleu_subset(hypotheses, references, keep, tokenize=tokenize, lowercase=lowercase)
+
+
+# --------------------------------------------------------------------------------------------------------------
+
+
+def _metric(tokenize: str, lowercase: bool):
+    """A sacreBLEU BLEU metric (imported lazily: sacrebleu is part of the optional ``eval`` extra)."""
+    from sacrebleu.metrics import BLEU
+
+    return BLEU(tokenize=tokenize, lowercase=lowercase)
+
+
+def _score(metric, hypotheses: Sequence[str], references: Sequence[str]) -> BleuResult:
+    """sacreBLEU's corpus score as a :class:`BleuResult`; NaN for no sentences (sacreBLEU fails on those)."""
+    if not hypotheses:
+        # sacreBLEU knows its signature (nrefs) only once it has scored something; score a dummy pair.
+        metric.corpus_score(["."], [["."]])
+        nan = math.nan
+        return BleuResult(nan, str(metric.get_signature()), 0, (nan,) * metric.max_ngram_order, nan, 0, 0)
+    s = metric.corpus_score(list(hypotheses), [list(references)])
+    return BleuResult(
+        float(s.score),
+        str(metric.get_signature()),
+        len(hypotheses),
+        tuple(float(p) for p in s.precisions),
+        float(s.bp),
+        int(s.sys_len),
+        int(s.ref_len),
+    )
+
+
+def _check_pairs(hypotheses: Sequence[str], references: Sequence[str]) -> None:
+    """Same number of hypotheses and references, all strings."""
+    if isinstance(hypotheses, str) or isinstance(references, str):
+        raise TypeError("hypotheses and references must be sequences of strings, not one string")
+    if len(hypotheses) != len(references):
+        raise ValueError(f"mismatched counts: {len(hypotheses)} hypotheses but {len(references)} references")
+    for name, seq in (("hypothesis", hypotheses), ("reference", references)):
+        for n, s in enumerate(seq):
+            if not isinstance(s, str):
+                raise TypeError(f"{name} {n} is a {type(s).__name__}, expected str")
+
+
+def _check_count(name: str, seq: Sequence[Any], expected: int) -> None:
+    """``len(seq) == expected`` or a ValueError naming both counts."""
+    if len(seq) != expected:
+        raise ValueError(f"mismatched counts: {expected} hypotheses but {len(seq)} {name}")
+
+
+def _check_buckets(buckets: Sequence[LengthBucket]) -> None:
+    """Buckets must tile [0, inf): start at 0, each ``high`` the next ``low``, the last one open."""
+    if not buckets:
+        raise ValueError("no length buckets given")
+    ok = buckets[0].low == 0 and buckets[-1].high is None
+    ok = ok and all(
+        a.high is not None and a.high == b.low for a, b in zip(buckets, buckets[1:], strict=False)
+    )
+    ok = ok and all(b.high is None or b.low < b.high for b in buckets)
+    if not ok:
+        spans = [(b.low, b.high) for b in buckets]
+        raise ValueError(
+            f"length buckets must tile [0, inf) in order (use length_buckets(edges)), got {spans}"
+        )
+
+
+def _finite_or_none(x: float) -> float | None:
+    """JSON has no NaN."""
+    return None if math.isnan(x) else float(x)
