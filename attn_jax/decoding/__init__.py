@@ -1,0 +1,24 @@
+"""Decoding translations from any model with the step interface (``attn_jax.models.interface``).
+
+* :func:`beam_search` — batched, jit-compiled beam search with GNMT's length normalisation and coverage
+  penalty, n-best lists, ensembles, and the attention matrix of every returned hypothesis.
+* :func:`greedy_decode` — beam search with one hypothesis and no penalties (the argmax loop).
+* :func:`length_penalty`, :func:`coverage_penalty`, :func:`normalized_score` — Wu et al. (2016), eq. 14.
+
+Decoding imports only the models' step interface (never data or training code).
+"""
+
+from __future__ import annotations
+
+from attn_jax.decoding._beam import BeamResult, beam_search, greedy_decode, output_length
+from attn_jax.decoding._penalties import coverage_penalty, length_penalty, normalized_score
+
+__all__ = [
+    "BeamResult",
+    "beam_search",
+    "coverage_penalty",
+    "greedy_decode",
+    "length_penalty",
+    "normalized_score",
+    "output_length",
+]

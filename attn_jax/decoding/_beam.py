@@ -1,0 +1,475 @@
+"""Batched beam search and greedy decoding over the step interface of ``attn_jax.models.interface``.
+
+One compiled program per (models, beam size, n-best size, output length, token ids, input shapes): a
+``lax.while_loop`` over target positions with static shapes, keeping two fixed-size sets per sentence as in
+Flax's ``examples/wmt/decode.py`` and tensor2tensor's ``beam_search.py``:
+
+* **alive** — the ``K`` best unfinished hypotheses, ranked by raw ``log P(y_<t | x)``; and
+* **finished** — the ``K`` best hypotheses that ended in ``</s>``, ranked by GNMT's normalised score
+  ``s(Y, X) = log P(Y|X) / lp(Y) + cp(X; Y)`` (Wu et al. 2016, eq. 14; see ``_penalties``).
+
+At each position every alive hypothesis is extended by every word. A ``</s>`` extension that ranks among the
+``K`` most probable extensions of the sentence is scored and offered to the finished set (fairseq's rule; it
+makes ``K = 1`` exactly greedy decoding), the best ``K`` other extensions become the new alive set, and the
+decoder states,
+the tokens, the per-step attention rows and the coverage ``Σ_j α_ij`` are reordered with the back-pointers —
+so the attention matrix returned belongs to the returned words. A sentence stops when no alive hypothesis can
+still beat its ``num_return``-th finished one (the bound ``log P(y_<t) / lp(limit)`` is exact for ``α ≥ 0``,
+``β ≥ 0``: log-probabilities only fall, ``lp`` only grows and ``cp ≤ 0``), or at its length limit; the loop
+ends when every sentence has stopped. The early stop never changes the result.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from attn_jax.decoding._penalties import length_penalty, normalized_score
+from attn_jax.models.interface import check_source, gather_batch, repeat_batch
+from attn_jax.typing import Array, Bool, Float, Int
+
+__all__ = ["BeamResult", "beam_search", "greedy_decode", "output_length"]
+
+_NEG_INF = float("-inf")
+_TRACE_COUNT = [0]  # incremented each time the search is traced (compiled); tests assert no retracing
+
+
+class BeamResult(NamedTuple):
+    """The ``N = num_return`` best hypotheses of each sentence, best first.
+
+    Attributes:
+      tokens: ``[B, N, L]`` int32; ``tokens[b, n, :lengths[b, n]]`` is the hypothesis, its last token
+        ``</s>``, then ``pad_id`` to the end.
+      lengths: ``[B, N]`` int32 ``|Y|``, counting the ``</s>`` (the words are ``lengths - 1`` tokens).
+      scores: ``[B, N]`` float32 normalised scores ``log P / lp + cp`` the list is sorted by (descending).
+      log_probs: ``[B, N]`` float32 raw ``log P(Y | X)`` (an ensemble's averaged log-probabilities).
+      attention: ``[B, N, L, S]`` float32, row ``i`` the attention over the source when token ``i`` was
+        predicted (zeros after the hypothesis); ``None`` for models without attention.
+
+    An entry that could not be filled (fewer than ``N`` distinct hypotheses fit the length limit, e.g. a
+    limit of 1 allows only ``</s>``) has score ``-inf``, length 0 and only padding.
+    """
+
+    tokens: Int[Array, "B N L"]
+    lengths: Int[Array, "B N"]
+    scores: Float[Array, "B N"]
+    log_probs: Float[Array, "B N"]
+    attention: Float[Array, "B N L S"] | None
+
+
+class _Alive(NamedTuple):
+    """The ``K`` unfinished hypotheses of each sentence (sorted by ``log_probs``, ``-inf`` = empty slot)."""
+
+    tokens: Int[Array, "B K L"]
+    log_probs: Float[Array, "B K"]
+    attention: Float[Array, "B K L S"] | None
+    coverage: Float[Array, "B K S"] | None
+    states: tuple[Any, ...]  # one decoder state per model, rows b·K + k
+
+
+class _Finished(NamedTuple):
+    """The ``K`` best hypotheses ended by ``</s>`` (sorted by ``scores``, ``-inf`` = empty slot)."""
+
+    tokens: Int[Array, "B K L"]
+    lengths: Int[Array, "B K"]
+    scores: Float[Array, "B K"]
+    log_probs: Float[Array, "B K"]
+    attention: Float[Array, "B K L S"] | None
+
+
+def output_length(
+    src_width: int, max_length: int | None, max_length_ratio: float | None, max_length_offset: int
+) -> int:
+    """The static output width ``L``: ``max_length``, else ``⌊ratio · S⌋ + offset`` for sources ``S`` wide.
+
+    >>> output_length(7, None, 2.0, 10), output_length(7, 5, 2.0, 10)
+    (24, 5)
+    """
+    if max_length is not None:
+        return max_length
+    return max(1, math.floor(max_length_ratio * src_width + 1e-4) + max_length_offset)
+
+
+def greedy_decode(
+    model: nnx.Module | Sequence[nnx.Module],
+    src: Int[Array, "B S"],
+    src_mask: Bool[Array, "B S"],
+    *,
+    max_length: int | None = None,
+    max_length_ratio: float | None = 2.0,
+    max_length_offset: int = 10,
+    bos_id: int = 1,
+    eos_id: int = 2,
+    pad_id: int = 0,
+) -> BeamResult:
+    """Greedy decoding (``y_t = argmax_y P(y | y_<t, x)`` until ``</s>``): beam search, ``K = 1``, ``α = β = 0``.
+
+    With one hypothesis, ``</s>`` finishes it only when ``</s>`` is the argmax, and with raw log-probabilities
+    nothing longer can then beat it, so this is the argmax loop (``pad_id``/``bos_id`` are never produced,
+    ``</s>`` is forced at the length limit). See :func:`beam_search` for the arguments and an example
+    (``greedy_decode(model, src, src_mask)`` returns the same fields with ``N = 1``).
+    """
+    return beam_search(
+        model,
+        src,
+        src_mask,
+        beam_size=1,
+        num_return=1,
+        max_length=max_length,
+        max_length_ratio=max_length_ratio,
+        max_length_offset=max_length_offset,
+        length_penalty_alpha=0.0,
+        coverage_penalty_beta=0.0,
+        bos_id=bos_id,
+        eos_id=eos_id,
+        pad_id=pad_id,
+    )
+
+
+def beam_search(
+    model: nnx.Module | Sequence[nnx.Module],
+    src: Int[Array, "B S"],
+    src_mask: Bool[Array, "B S"],
+    *,
+    beam_size: int = 12,
+    num_return: int = 1,
+    max_length: int | None = None,
+    max_length_ratio: float | None = 2.0,
+    max_length_offset: int = 10,
+    length_penalty_alpha: float = 0.6,
+    coverage_penalty_beta: float = 0.0,
+    bos_id: int = 1,
+    eos_id: int = 2,
+    pad_id: int = 0,
+) -> BeamResult:
+    """Batched, jit-compiled beam search returning the n-best hypotheses, their scores and attention.
+
+    Hypotheses are ranked by GNMT's score (Wu et al. 2016, eq. 14)::
+
+        s(Y, X) = log P(Y | X) / lp(Y) + cp(X; Y)
+        lp(Y)   = ((5 + |Y|) / 6)^α                           |Y| counts the </s>
+        cp(X;Y) = β · Σ_i log(min(Σ_j α_ij, 1))                i over real source words, j over target tokens
+
+    Alive hypotheses compete on raw ``log P`` (as in GNMT and tensor2tensor); only finished ones are
+    normalised. A ``</s>`` extension is finished only if it is among the ``K`` most probable extensions of
+    its sentence at that position (fairseq, OpenNMT), which makes ``K = 1`` greedy decoding.
+
+    Length limit: sentence ``b`` may produce at most ``limit_b = min(L, ⌊ratio · |x_b|⌋ + offset)`` tokens
+    including ``</s>`` (``|x_b|`` its real source length; ``L = max_length``, or ``⌊ratio · S⌋ + offset`` for
+    the padded width ``S`` when ``max_length`` is None; ``limit_b ≥ 1``). Token ``limit_b`` must be ``</s>``,
+    scored with its true probability (as fairseq forces it), so every hypothesis is ``</s>``-terminated.
+    ``pad_id`` and ``bos_id`` are never generated (their probability is not redistributed: scores stay the
+    model's log-probabilities). The encoder runs once per sentence, before its outputs (with the precomputed
+    attention keys) are tiled over the beam.
+
+    Ensembles: pass several models with the same target vocabulary; each step uses the mean of their
+    log-softmax outputs (the log of the geometric mean of their probabilities, not renormalised — the
+    log-linear average of Nematus and Marian), so ``log_probs`` is the members' mean sequence log-probability.
+    The attention returned (and used for ``cp``) is the mean of the members' attention weights (members
+    without attention are skipped).
+
+    The compiled search is cached on the models' graph definitions, ``beam_size``, ``num_return``, ``L``,
+    the token ids and the input shapes: a new batch of the same shape reuses it, and ``α``, ``β``, the ratio
+    and the offset are runtime values (changing them never recompiles).
+
+    References: Wu et al. (2016), "Google's Neural Machine Translation System", §7; Flax
+    ``examples/wmt/decode.py``; tensor2tensor ``utils/beam_search.py``.
+
+    Args:
+      model: an NNX module implementing ``encode`` / ``init_decoder_state`` / ``decode_step``, or a
+        sequence of them (an ensemble).
+      src: ``[B, S]`` integer source token ids.
+      src_mask: ``[B, S]`` boolean, True at real tokens (right padding).
+      beam_size: ``K ≥ 1`` hypotheses kept per sentence (``K = 1`` with ``α = β = 0`` is greedy decoding).
+      num_return: ``N``, ``1 ≤ N ≤ K`` hypotheses returned per sentence (the n-best list).
+      max_length: the static output width ``L`` (tokens including ``</s>``); None to derive it from
+        ``max_length_ratio``.
+      max_length_ratio: per-sentence limit ``⌊ratio · |x_b|⌋ + max_length_offset``; None for the fixed
+        ``max_length``.
+      max_length_offset: the constant added to the ratio limit (lets short sentences grow).
+      length_penalty_alpha: ``α ≥ 0`` (GNMT: 0.6–0.7; 0 ranks by raw log-probability).
+      coverage_penalty_beta: ``β ≥ 0`` (GNMT: 0.2; 0 switches the coverage penalty off). Needs attention.
+      bos_id: the token fed before the first target word. eos_id: ``</s>``. pad_id: fills after ``</s>``.
+
+    Returns:
+      A :class:`BeamResult` with ``[B, N, ...]`` fields, best first.
+
+    >>> from attn_jax.models import RNNConfig, RNNsearch
+    >>> cfg = RNNConfig(src_vocab=11, tgt_vocab=13, embed=4, hidden=6, maxout=3, align=5)
+    >>> out = beam_search(RNNsearch(cfg, rngs=nnx.Rngs(0)), jnp.ones((2, 3), jnp.int32),
+    ...                   jnp.ones((2, 3), bool), beam_size=4, num_return=2, max_length=5)
+    >>> out.tokens.shape, out.scores.shape, out.attention.shape, bool(out.scores[0, 0] >= out.scores[0, 1])
+    ((2, 2, 5), (2, 2), (2, 2, 5, 3), True)
+    """
+    models = _check_models(model)
+    check_source(src, src_mask)
+    _check_options(
+        beam_size,
+        num_return,
+        max_length,
+        max_length_ratio,
+        max_length_offset,
+        length_penalty_alpha,
+        coverage_penalty_beta,
+        bos_id,
+        eos_id,
+        pad_id,
+    )
+    src, src_mask = jnp.asarray(src, jnp.int32), jnp.asarray(src_mask, jnp.bool_)
+    length = output_length(src.shape[1], max_length, max_length_ratio, max_length_offset)
+    graphdefs, states = zip(*(nnx.split(m) for m in models), strict=True)
+    result = _search_jit(
+        tuple(graphdefs),
+        tuple(states),
+        src,
+        src_mask,
+        jnp.float32(0.0 if max_length_ratio is None else max_length_ratio),
+        jnp.int32(max_length_offset),
+        jnp.float32(length_penalty_alpha),
+        jnp.float32(coverage_penalty_beta),
+        beam_size=beam_size,
+        num_return=num_return,
+        length=length,
+        use_ratio=max_length_ratio is not None,
+        bos_id=bos_id,
+        eos_id=eos_id,
+        pad_id=pad_id,
+    )
+    if result.attention is None and coverage_penalty_beta > 0:
+        raise ValueError("coverage_penalty_beta > 0 needs attention weights, but the model returns none")
+    return result
+
+
+# ----------------------------------------------------------------------------------------------- checks
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _check_models(model) -> list[nnx.Module]:
+    """The models as a non-empty list of NNX modules with the step interface, or a ValueError."""
+    models = list(model) if isinstance(model, Sequence) else [model]
+    if not models:
+        raise ValueError("beam_search needs at least one model, got an empty sequence")
+    for i, m in enumerate(models):
+        if not isinstance(m, nnx.Module):
+            raise ValueError(f"model {i} must be a flax.nnx.Module, got {type(m).__name__}")
+        missing = [a for a in ("encode", "init_decoder_state", "decode_step") if not hasattr(m, a)]
+        if missing:
+            raise ValueError(f"model {i} ({type(m).__name__}) lacks the step interface: {', '.join(missing)}")
+    return models
+
+
+def _check_options(
+    beam_size, num_return, max_length, ratio, offset, alpha, beta, bos_id, eos_id, pad_id
+) -> None:
+    """Raise a one-line ValueError for any search option out of range."""
+    if not _is_int(beam_size) or beam_size < 1:
+        raise ValueError(f"beam_size must be a positive int, got {beam_size!r}")
+    if not _is_int(num_return) or not 1 <= num_return <= beam_size:
+        raise ValueError(f"num_return must be an int in [1, beam_size={beam_size}], got {num_return!r}")
+    if max_length is not None and (not _is_int(max_length) or max_length < 1):
+        raise ValueError(f"max_length must be a positive int or None, got {max_length!r}")
+    if ratio is not None and not (isinstance(ratio, int | float) and math.isfinite(ratio) and ratio > 0):
+        raise ValueError(f"max_length_ratio must be a positive finite number or None, got {ratio!r}")
+    if max_length is None and ratio is None:
+        raise ValueError("give max_length or max_length_ratio (both are None)")
+    if not _is_int(offset) or offset < 0:
+        raise ValueError(f"max_length_offset must be a non-negative int, got {offset!r}")
+    for name, value in (("length_penalty_alpha", alpha), ("coverage_penalty_beta", beta)):
+        if not (isinstance(value, int | float) and math.isfinite(value) and value >= 0):
+            raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+    for name, value in (("bos_id", bos_id), ("eos_id", eos_id), ("pad_id", pad_id)):
+        if not _is_int(value) or value < 0:
+            raise ValueError(f"{name} must be a non-negative int, got {value!r}")
+    if eos_id in (bos_id, pad_id):
+        raise ValueError(
+            f"eos_id must differ from bos_id and pad_id, got eos={eos_id} bos={bos_id} pad={pad_id}"
+        )
+
+
+# ------------------------------------------------------------------------------------------------ search
+
+
+def _take_beams(x: Array, beams: Int[Array, "B K"]) -> Array:
+    """``x[b, beams[b, k]]`` for ``x`` of shape ``[B, K', ...]``."""
+    return jnp.take_along_axis(x, beams.reshape(beams.shape + (1,) * (x.ndim - 2)), axis=1)
+
+
+def _search(
+    graphdefs,
+    states,
+    src,
+    src_mask,
+    ratio,
+    offset,
+    alpha,
+    beta,
+    *,
+    beam_size,
+    num_return,
+    length,
+    use_ratio,
+    bos_id,
+    eos_id,
+    pad_id,
+):
+    """The traced search; ``_search_jit`` caches one compilation per static configuration."""
+    _TRACE_COUNT[0] += 1
+    models = [nnx.merge(g, s) for g, s in zip(graphdefs, states, strict=True)]
+    batch, src_len = src.shape
+    k = beam_size
+
+    # The encoder and s_0 run once per sentence, then are tiled to the beam: rows b·K .. b·K + K - 1.
+    encs, dec0 = [], []
+    for m in models:
+        enc = m.encode(src, src_mask)
+        dec0.append(repeat_batch(m.init_decoder_state(enc), k))
+        encs.append(repeat_batch(enc, k))
+
+    if use_ratio:
+        real = jnp.sum(src_mask, axis=-1).astype(jnp.float32)  # [B]
+        limit = jnp.floor(ratio * real + 1e-4).astype(jnp.int32) + offset
+        limit = jnp.clip(limit, 1, length)
+    else:
+        limit = jnp.full((batch,), length, jnp.int32)
+    max_lp = length_penalty(limit, alpha)  # [B] the largest lp any finished hypothesis can reach
+
+    def decode(dec_states, prev):
+        """One position for every model: averaged log-probs ``[B, K, V]``, new states, attention ``[B, K, S]``."""
+        logps, new_states, attns = [], [], []
+        for i, (m, enc, dec) in enumerate(zip(models, encs, dec_states, strict=True)):
+            logits, dec, attn = m.decode_step(enc, dec, prev)
+            if logits.ndim != 2 or logits.shape[0] != batch * k:
+                raise ValueError(f"model {i}: decode_step logits must be [B*K, V], got {list(logits.shape)}")
+            if logps and logits.shape[-1] != logps[0].shape[-1]:
+                raise ValueError(
+                    f"ensemble members disagree on the target vocabulary: model 0 has "
+                    f"{logps[0].shape[-1]} words, model {i} has {logits.shape[-1]}"
+                )
+            if attn is not None and tuple(attn.shape) != (batch * k, src_len):
+                raise ValueError(
+                    f"model {i}: decode_step attention must be [B*K, S] = {[batch * k, src_len]}, "
+                    f"got {list(attn.shape)}"
+                )
+            logps.append(jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1))
+            new_states.append(dec)
+            if attn is not None:
+                attns.append(attn.astype(jnp.float32))
+        vocab = logps[0].shape[-1]
+        if max(bos_id, eos_id, pad_id) >= vocab:
+            raise ValueError(
+                f"token ids bos={bos_id} eos={eos_id} pad={pad_id} must be < the vocabulary size {vocab}"
+            )
+        logp = (sum(logps) / len(logps)).reshape(batch, k, vocab)
+        attn = None if not attns else (sum(attns) / len(attns)).reshape(batch, k, src_len)
+        return logp, tuple(new_states), attn
+
+    def advance(t, alive: _Alive, fin: _Finished, logp, new_states, attn):
+        """Extend every alive hypothesis by one token: offer the ``</s>`` ones, keep the best ``K`` others."""
+        vocab = logp.shape[-1]
+        ids = jnp.arange(vocab)
+        at_limit = (t + 1 >= limit)[:, None, None]  # [B, 1, 1]: the last token a sentence may have
+        allowed = (ids != pad_id) & (ids != bos_id) & (~at_limit | (ids == eos_id))
+        cand = alive.log_probs[..., None] + jnp.where(allowed, logp, _NEG_INF)  # [B, K, V]
+
+        history, coverage = alive.attention, alive.coverage
+        if attn is not None:
+            history = jax.lax.dynamic_update_index_in_dim(history, attn, t, axis=2)
+            coverage = coverage + attn
+
+        # The 2K best extensions hold at least K that do not end the sentence (one </s> per hypothesis).
+        top_lp, top = jax.lax.top_k(cand.reshape(batch, k * vocab), 2 * k)  # [B, 2K], best first
+        top_eos = (top % vocab) == eos_id
+        # A </s> extension finishes only if it ranks among the K best of all extensions (fairseq's rule), so
+        # K = 1 is greedy decoding: the sentence ends exactly when </s> is the argmax.
+        eos_flat = jnp.arange(k) * vocab + eos_id  # [K]: where each hypothesis' </s> lies in the flat axis
+        in_top_k = jnp.any(top[:, None, :k] == eos_flat[None, :, None], axis=-1)  # [B, K]
+        eos_lp = jnp.where(in_top_k, cand[..., eos_id], _NEG_INF)  # [B, K]
+        done_tokens = jax.lax.dynamic_update_index_in_dim(
+            alive.tokens, jnp.full((batch, k), eos_id, jnp.int32), t, axis=2
+        )
+        eos_scores = normalized_score(eos_lp, t + 1, coverage, src_mask[:, None, :], alpha, beta)
+        offered = _Finished(done_tokens, jnp.full((batch, k), t + 1, jnp.int32), eos_scores, eos_lp, history)
+        both = jax.tree.map(lambda a, b: jnp.concatenate([a, b], axis=1), fin, offered)
+        _, best = jax.lax.top_k(both.scores, k)  # stable: on ties an earlier finished hypothesis stays first
+        fin = jax.tree.map(lambda x: _take_beams(x, best), both)
+
+        log_probs, keep = jax.lax.top_k(jnp.where(top_eos, _NEG_INF, top_lp), k)  # the K best others
+        flat = jnp.take_along_axis(top, keep, axis=1)
+        beams, words = flat // vocab, (flat % vocab).astype(jnp.int32)
+        tokens = jax.lax.dynamic_update_index_in_dim(_take_beams(alive.tokens, beams), words, t, axis=2)
+        if attn is not None:
+            history, coverage = _take_beams(history, beams), _take_beams(coverage, beams)
+        rows = (jnp.arange(batch)[:, None] * k + beams).reshape(-1)  # back-pointers into the B·K rows
+        states = tuple(gather_batch(s, rows) for s in new_states)
+
+        # Stop a sentence at its limit, or once no continuation can beat its num_return-th finished score.
+        bound = jnp.max(log_probs, axis=1) / max_lp
+        done = (t + 1 >= limit) | (bound <= fin.scores[:, num_return - 1])
+        log_probs = jnp.where(done[:, None], _NEG_INF, log_probs)
+        return _Alive(tokens, log_probs, history, coverage, states), fin
+
+    dec0 = tuple(dec0)
+    logp, new_states, attn = decode(dec0, jnp.full((batch * k,), bos_id, jnp.int32))
+    history = None if attn is None else jnp.zeros((batch, k, length, src_len), jnp.float32)
+    coverage = None if attn is None else jnp.zeros((batch, k, src_len), jnp.float32)
+    tokens = jnp.full((batch, k, length), pad_id, jnp.int32)
+    # Only the first slot is live at the start, so the K beams do not all grow the same prefix.
+    first = jnp.where(jnp.arange(k) == 0, 0.0, _NEG_INF)
+    alive = _Alive(tokens, jnp.broadcast_to(first, (batch, k)), history, coverage, dec0)
+    fin = _Finished(
+        tokens,
+        jnp.zeros((batch, k), jnp.int32),
+        jnp.full((batch, k), _NEG_INF),
+        jnp.full((batch, k), _NEG_INF),
+        history,
+    )
+    alive, fin = advance(0, alive, fin, logp, new_states, attn)
+
+    def cond(carry):
+        t, alive, _ = carry
+        return (t < length) & jnp.any(alive.log_probs > _NEG_INF)
+
+    def body(carry):
+        t, alive, fin = carry
+        prev = jax.lax.dynamic_index_in_dim(alive.tokens, t - 1, axis=2, keepdims=False).reshape(-1)
+        logp, new_states, attn = decode(alive.states, prev)
+        alive, fin = advance(t, alive, fin, logp, new_states, attn)
+        return t + 1, alive, fin
+
+    _, _, fin = jax.lax.while_loop(cond, body, (jnp.int32(1), alive, fin))
+
+    top = jax.tree.map(lambda x: x[:, :num_return], fin)
+    valid = top.scores > _NEG_INF
+    attention = top.attention
+    if attention is not None:
+        attention = jnp.where(valid[..., None, None], attention, 0.0)
+    return BeamResult(
+        tokens=jnp.where(valid[..., None], top.tokens, pad_id),
+        lengths=jnp.where(valid, top.lengths, 0),
+        scores=top.scores,
+        log_probs=top.log_probs,
+        attention=attention,
+    )
+
+
+_search_jit = jax.jit(
+    _search,
+    static_argnames=(
+        "graphdefs",
+        "beam_size",
+        "num_return",
+        "length",
+        "use_ratio",
+        "bos_id",
+        "eos_id",
+        "pad_id",
+    ),
+)
