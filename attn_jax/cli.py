@@ -6,6 +6,7 @@ import argparse
 from collections.abc import Sequence
 
 from attn_jax.cli_data import add_data_parser
+from attn_jax.cli_train import add_train_parser
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -15,6 +16,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     add_data_parser(subparsers)
+    add_train_parser(subparsers)
     return parser
 
 

@@ -1,0 +1,93 @@
+"""Training: losses, optimisers, the train state and pure jitted steps, orbax checkpoints, metrics, the loop.
+
+    from attn_jax.train import load_config, apply_overrides, train_and_evaluate
+    config = apply_overrides(load_config("configs/rnnsearch_cpu.py:smoke"), ["model.hidden=64"])
+    result = train_and_evaluate(config, "runs/smoke")            # or: attn-jax train --config ... --workdir ...
+
+The step is the Flax examples' pure ``train_step(state, batch) -> (state, metrics)`` (bind the static
+:class:`StepConfig` with ``functools.partial``), jitted with the state donated. ``attn_jax.train`` imports
+models, data and optax/orbax/ml_collections; models never import it.
+"""
+
+from attn_jax.train._checkpoint import BEST_METRIC, CheckpointManager, Restored, load_checkpoint
+from attn_jax.train._config import (
+    ConfigError,
+    apply_overrides,
+    batch_configs,
+    check_config,
+    default_config,
+    flatten_config,
+    load_config,
+    model_config,
+    optimizer_config,
+    smoke_config,
+)
+from attn_jax.train._diagnostics import DIAG_BAND, AttentionStats, attention_stats, summarize_attention
+from attn_jax.train._inputs import Inputs, load_corpus, make_inputs
+from attn_jax.train._loop import TrainingDiverged, TrainResult, evaluate, train_and_evaluate
+from attn_jax.train._loss import LossSums, loss_sums, sentence_losses, token_cross_entropy
+from attn_jax.train._metrics import MetricsLogger, read_metrics
+from attn_jax.train._optim import OptimizerConfig, make_optimizer, make_schedule
+from attn_jax.train._step import (
+    EvalMetrics,
+    StepConfig,
+    TrainMetrics,
+    TrainState,
+    all_finite,
+    build_module,
+    eval_step,
+    init_params,
+    init_train_state,
+    param_count,
+    train_step,
+)
+from attn_jax.train._tensorboard import EventWriter
+
+__all__ = [
+    "BEST_METRIC",
+    "DIAG_BAND",
+    "AttentionStats",
+    "CheckpointManager",
+    "ConfigError",
+    "EvalMetrics",
+    "EventWriter",
+    "Inputs",
+    "LossSums",
+    "MetricsLogger",
+    "OptimizerConfig",
+    "Restored",
+    "StepConfig",
+    "TrainMetrics",
+    "TrainResult",
+    "TrainState",
+    "TrainingDiverged",
+    "all_finite",
+    "apply_overrides",
+    "attention_stats",
+    "batch_configs",
+    "build_module",
+    "check_config",
+    "default_config",
+    "eval_step",
+    "evaluate",
+    "flatten_config",
+    "init_params",
+    "init_train_state",
+    "load_checkpoint",
+    "load_config",
+    "load_corpus",
+    "loss_sums",
+    "make_inputs",
+    "make_optimizer",
+    "make_schedule",
+    "model_config",
+    "optimizer_config",
+    "param_count",
+    "read_metrics",
+    "sentence_losses",
+    "smoke_config",
+    "summarize_attention",
+    "token_cross_entropy",
+    "train_and_evaluate",
+    "train_step",
+]

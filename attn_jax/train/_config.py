@@ -1,0 +1,428 @@
+"""Training configs: the schema (:func:`default_config`), loading ``configs/*.py``, command-line overrides,
+validation, and the typed objects the trainer builds from a config.
+
+A config file defines ``get_config(arg=None) -> ml_collections.ConfigDict`` (the Flax examples' convention) and
+starts from :func:`default_config`, so every config has exactly the schema's keys. ``path.py:arg`` passes
+``arg`` to ``get_config`` (e.g. ``configs/rnnsearch_cpu.py:smoke``). Overrides ``model.hidden=256`` are parsed
+with the type of the field they replace; an unknown key, a value of the wrong type or an impossible value is
+a :class:`ConfigError` with a one-line message.
+
+The schema (every field, with its default):
+
+``seed`` (0) — parameter initialisation, shuffling and the run's PRNG key.
+``num_train_steps`` (1000), ``log_every`` (50), ``eval_every`` (500), ``checkpoint_every`` (500) — in updates;
+evaluation and a checkpoint also happen at the last step.
+``keep_checkpoints`` (3) — the last K checkpoints kept; ``keep_best`` (True) — also keep the best by validation
+NLL per token; ``async_checkpoints`` (True) — orbax writes in the background.
+``tensorboard`` (True) — TensorBoard event files beside ``metrics.jsonl``.
+``label_smoothing`` (0.0) — ``ε`` of the training loss.
+``mixed_precision`` (False) — bfloat16 compute; parameters and optimiser state stay float32.
+``model.*`` — the fields of :class:`attn_jax.models.RNNConfig` except the vocabulary sizes (taken from the
+built vocabularies) and the dtypes (``mixed_precision``): ``arch``, ``embed``, ``hidden``, ``maxout``,
+``align``, ``scorer``, ``input_feeding``, ``local_window``.
+``optimizer.*`` — the fields of :class:`attn_jax.train.OptimizerConfig` (default: the paper's Adadelta).
+``data.corpus`` — ``synthetic`` (the built-in corpus), ``tfds``, ``plain`` or ``tsv``; then
+``data.synthetic`` (``tiny``/``small``/``default``, or ``custom`` = ``data.synthetic_spec``: ``train_size``,
+``validation_size``, ``test_per_bucket``, ``seed``, ``min_length``, ``max_length`` of the generator) and
+``data.use_tfds`` (read the TFDS-built dataset instead of generating the same pairs in memory);
+``data.tfds_name``/``source_key``/``target_key``/``data_dir``; ``data.source_path``/``target_path`` (plain
+text, ``{split}`` replaced by the split name); ``data.tsv_path``. ``data.train_split``/``eval_split``,
+``data.max_train_examples``/``max_eval_examples`` (0: all), ``data.src_vocab_size``/``tgt_vocab_size`` (the
+shortlist K; four specials are added), ``data.max_source_length``/``max_target_length`` (pairs longer are
+dropped), ``data.batch_size``/``eval_batch_size``, ``data.bucket_boundaries``, ``data.prefetch``.
+``debug.inject_nan_at_step`` (-1: off) — make the parameters NaN just before update k, to exercise the
+divergence guard.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import difflib
+import importlib.util
+import os
+from collections.abc import Iterable
+from typing import Any
+
+import ml_collections
+
+from attn_jax.data import AttnJaxSynthetic, BatchConfig, SyntheticSpec
+from attn_jax.models import RNNConfig
+from attn_jax.train._optim import OptimizerConfig
+
+__all__ = [
+    "ConfigError",
+    "apply_overrides",
+    "batch_configs",
+    "check_config",
+    "default_config",
+    "flatten_config",
+    "load_config",
+    "model_config",
+    "optimizer_config",
+    "smoke_config",
+    "synthetic_spec",
+]
+
+CORPORA = ("synthetic", "tfds", "plain", "tsv")
+_MODEL_EXCLUDED = ("src_vocab", "tgt_vocab", "param_dtype", "dtype")
+# The built-in corpus' named configs (the TFDS builder's), so that generating in memory gives the TFDS pairs.
+_SYNTHETIC_NAMED = {c.name: c.spec for c in AttnJaxSynthetic.BUILDER_CONFIGS}
+
+
+class ConfigError(ValueError):
+    """A config cannot be loaded, overridden or used; the message is one line and names the key or file."""
+
+
+def default_config() -> ml_collections.ConfigDict:
+    """The full schema with defaults (the paper's RNNsearch sizes and optimiser, on the built-in corpus).
+
+    >>> default_config().optimizer.rho
+    0.95
+    """
+    c = ml_collections.ConfigDict()
+    c.seed = 0
+    c.num_train_steps = 1000
+    c.log_every = 50
+    c.eval_every = 500
+    c.checkpoint_every = 500
+    c.keep_checkpoints = 3
+    c.keep_best = True
+    c.async_checkpoints = True
+    c.tensorboard = True
+    c.label_smoothing = 0.0
+    c.mixed_precision = False
+    c.model = ml_collections.ConfigDict(
+        {f.name: f.default for f in dataclasses.fields(RNNConfig) if f.name not in _MODEL_EXCLUDED}
+    )
+    c.optimizer = ml_collections.ConfigDict(dataclasses.asdict(OptimizerConfig()))
+    spec = _SYNTHETIC_NAMED["small"]
+    c.data = ml_collections.ConfigDict(
+        dict(
+            corpus="synthetic",
+            synthetic="small",
+            use_tfds=False,
+            synthetic_spec=dict(
+                train_size=spec.train_size,
+                validation_size=spec.validation_size,
+                test_per_bucket=spec.test_per_bucket,
+                seed=spec.seed,
+                min_length=spec.min_length,
+                max_length=spec.max_length,
+            ),
+            tfds_name="",
+            source_key="",
+            target_key="",
+            data_dir="",
+            source_path="",
+            target_path="",
+            tsv_path="",
+            train_split="train",
+            eval_split="validation",
+            max_train_examples=0,
+            max_eval_examples=0,
+            src_vocab_size=30000,
+            tgt_vocab_size=30000,
+            max_source_length=50,
+            max_target_length=50,
+            batch_size=80,
+            eval_batch_size=80,
+            bucket_boundaries=(16, 24, 32, 48, 64, 96, 128),
+            prefetch=2,
+        )
+    )
+    c.debug = ml_collections.ConfigDict(dict(inject_nan_at_step=-1))
+    return c
+
+
+def flatten_config(config: ml_collections.ConfigDict | dict, prefix: str = "") -> dict[str, Any]:
+    """``{"model.hidden": 1000, ...}``: every leaf under its dotted key."""
+    out = {}
+    for key, value in config.items():
+        if isinstance(value, (ml_collections.ConfigDict, dict)):
+            out.update(flatten_config(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def _suggest(key: str, keys: Iterable[str]) -> str:
+    close = difflib.get_close_matches(key, list(keys), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def load_config(spec: str) -> ml_collections.ConfigDict:
+    """Load ``path.py`` or ``path.py:arg`` by calling its ``get_config()`` / ``get_config(arg)``.
+
+    Raises:
+      ConfigError: missing file, no ``get_config``, an error raised by it, or a result that is not a config
+        with the schema's keys.
+    """
+    path, arg = spec, None
+    if not os.path.isfile(path) and ":" in spec:
+        path, arg = spec.rsplit(":", 1)
+    if not os.path.isfile(path):
+        raise ConfigError(f"{path}: no such config file")
+    module_spec = importlib.util.spec_from_file_location(f"_attn_jax_config_{abs(hash(path))}", path)
+    module = importlib.util.module_from_spec(module_spec)
+    try:
+        module_spec.loader.exec_module(module)
+    except Exception as e:  # a config file is user code: report its error on one line
+        raise ConfigError(f"{path}: cannot load: {type(e).__name__}: {e}") from None
+    get_config = getattr(module, "get_config", None)
+    if not callable(get_config):
+        raise ConfigError(f"{path}: defines no get_config()")
+    try:
+        config = get_config() if arg is None else get_config(arg)
+    except (ValueError, TypeError, KeyError) as e:
+        raise ConfigError(f"{spec}: {e}") from None
+    if not isinstance(config, ml_collections.ConfigDict):
+        raise ConfigError(
+            f"{spec}: get_config() returned {type(config).__name__}, not an ml_collections.ConfigDict"
+        )
+    _check_keys(config, source=spec)
+    return config
+
+
+def _check_keys(config: ml_collections.ConfigDict, source: str) -> None:
+    schema, keys = flatten_config(default_config()), flatten_config(config)
+    for key in keys:
+        if key not in schema:
+            raise ConfigError(f"{source}: unknown config key {key!r}{_suggest(key, schema)}")
+    missing = [k for k in schema if k not in keys]
+    if missing:
+        raise ConfigError(f"{source}: config lacks key(s) {', '.join(missing)} (start from default_config())")
+
+
+def _parse_bool(text: str) -> bool:
+    lowered = text.strip().lower()
+    if lowered in ("true", "1", "yes", "on"):
+        return True
+    if lowered in ("false", "0", "no", "off"):
+        return False
+    raise ValueError(f"expected true or false, got {text!r}")
+
+
+def _parse_value(text: str, old: Any) -> Any:
+    """``text`` as a value of ``old``'s type (int, float, bool, str or a tuple of such)."""
+    if isinstance(old, bool):
+        return _parse_bool(text)
+    if isinstance(old, int):
+        return int(text.strip())
+    if isinstance(old, float):
+        return float(text.strip())
+    if isinstance(old, str):
+        return text
+    if isinstance(old, (tuple, list)):
+        try:
+            value = ast.literal_eval(text)
+        except (ValueError, SyntaxError):
+            value = tuple(t for t in text.split(",") if t.strip())
+        if not isinstance(value, (tuple, list)):
+            value = (value,)
+        kind = type(old[0]) if len(old) else None
+        if kind is not None:
+            value = tuple(_parse_value(str(v), kind()) if not isinstance(v, kind) else v for v in value)
+        return tuple(value)
+    raise ValueError(f"cannot set a field of type {type(old).__name__} from the command line")
+
+
+def apply_overrides(config: ml_collections.ConfigDict, overrides: Iterable[str]) -> ml_collections.ConfigDict:
+    """Apply ``key=value`` overrides (dotted keys, e.g. ``model.hidden=256``) to a copy of ``config``.
+
+    >>> apply_overrides(default_config(), ["model.hidden=256", "data.bucket_boundaries=16,32"]).model.hidden
+    256
+
+    Raises:
+      ConfigError: an unknown key (with a suggestion), a group instead of a field, or a value that does not
+        parse as the field's type.
+    """
+    config = ml_collections.ConfigDict(config.to_dict())
+    keys = flatten_config(config)
+    for item in overrides:
+        key, sep, text = item.partition("=")
+        key = key.strip()
+        if key.startswith("config."):
+            key = key[len("config.") :]
+        if not sep:
+            raise ConfigError(f"override {item!r} must look like key=value")
+        if key not in keys:
+            groups = {k.rsplit(".", i)[0] for k in keys for i in range(1, k.count(".") + 1)}
+            if key in groups:
+                raise ConfigError(f"config key {key!r} is a group; set its fields, e.g. {key}.<field>=...")
+            raise ConfigError(f"unknown config key {key!r}{_suggest(key, keys)}")
+        old = keys[key]
+        try:
+            value = _parse_value(text, old)
+        except ValueError as e:
+            raise ConfigError(
+                f"config key {key!r}: cannot parse {text!r} as {type(old).__name__} ({e})"
+            ) from None
+        *parents, leaf = key.split(".")
+        node = config
+        for p in parents:
+            node = node[p]
+        node[leaf] = value
+        keys[key] = value
+    return config
+
+
+# ------------------------------------------------------------------------------------------------------------
+# From a config to the typed objects the trainer uses.
+
+
+def synthetic_spec(data: ml_collections.ConfigDict) -> SyntheticSpec:
+    """The :class:`SyntheticSpec` ``data.synthetic`` names (``custom``: ``data.synthetic_spec``)."""
+    if data.synthetic in _SYNTHETIC_NAMED:
+        return _SYNTHETIC_NAMED[data.synthetic]
+    if data.synthetic != "custom":
+        raise ConfigError(
+            f"data.synthetic must be one of {', '.join(_SYNTHETIC_NAMED)} or custom; got {data.synthetic!r}"
+        )
+    s = data.synthetic_spec
+    try:
+        return SyntheticSpec(
+            train_size=s.train_size,
+            validation_size=s.validation_size,
+            test_per_bucket=s.test_per_bucket,
+            seed=s.seed,
+            min_length=s.min_length,
+            max_length=s.max_length,
+        )
+    except ValueError as e:
+        raise ConfigError(f"data.synthetic_spec: {e}") from None
+
+
+def model_config(config: ml_collections.ConfigDict, src_vocab: int, tgt_vocab: int) -> RNNConfig:
+    """The model's :class:`RNNConfig`: ``config.model`` plus vocabulary sizes and the mixed-precision dtype."""
+    try:
+        return RNNConfig(
+            src_vocab=src_vocab,
+            tgt_vocab=tgt_vocab,
+            param_dtype="float32",
+            dtype="bfloat16" if config.mixed_precision else "float32",
+            **config.model.to_dict(),
+        )
+    except (ValueError, TypeError) as e:
+        raise ConfigError(str(e)) from None
+
+
+def optimizer_config(config: ml_collections.ConfigDict) -> OptimizerConfig:
+    """The :class:`OptimizerConfig` of ``config.optimizer``."""
+    try:
+        return OptimizerConfig(**config.optimizer.to_dict())
+    except (ValueError, TypeError) as e:
+        raise ConfigError(str(e)) from None
+
+
+def batch_configs(config: ml_collections.ConfigDict) -> tuple[BatchConfig, BatchConfig]:
+    """``(train, eval)`` batching: shuffled endless training batches; every validation pair once, in order."""
+    d = config.data
+    common = dict(
+        bucket_boundaries=tuple(d.bucket_boundaries),
+        max_source_length=d.max_source_length,
+        max_target_length=d.max_target_length,
+    )
+    try:
+        train = BatchConfig(
+            batch_size=d.batch_size, shuffle=True, seed=config.seed, drop_remainder=True, **common
+        )
+        evaluation = BatchConfig(
+            batch_size=d.eval_batch_size, shuffle=False, num_epochs=1, drop_remainder=False, **common
+        )
+    except ValueError as e:
+        raise ConfigError(f"data: {e}") from None
+    return train, evaluation
+
+
+def _positive(config: ml_collections.ConfigDict, *keys: str) -> None:
+    flat = flatten_config(config)
+    for key in keys:
+        value = flat[key]
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(f"{key} must be a positive int, got {value!r}")
+
+
+def _same_kind(value: Any, old: Any) -> bool:
+    """Whether ``value`` may stand where the schema has ``old`` (an int may stand for a float, not a bool)."""
+    if isinstance(old, bool):
+        return isinstance(value, bool)
+    if isinstance(value, bool):
+        return False
+    if isinstance(old, float):
+        return isinstance(value, (int, float))
+    if isinstance(old, (tuple, list)):
+        return isinstance(value, (tuple, list))
+    return isinstance(value, type(old))
+
+
+def check_config(config: ml_collections.ConfigDict) -> None:
+    """Validate every field (keys, types, values) without loading data; raises :class:`ConfigError`."""
+    _check_keys(config, source="config")
+    schema = flatten_config(default_config())
+    for key, value in flatten_config(config).items():
+        if not _same_kind(value, schema[key]):
+            raise ConfigError(f"config key {key!r} must be {type(schema[key]).__name__}, got {value!r}")
+    _positive(
+        config,
+        "num_train_steps",
+        "log_every",
+        "eval_every",
+        "checkpoint_every",
+        "keep_checkpoints",
+        "data.max_source_length",
+        "data.max_target_length",
+        "data.src_vocab_size",
+        "data.tgt_vocab_size",
+    )
+    if not 0.0 <= config.label_smoothing < 1.0:
+        raise ConfigError(f"label_smoothing must be in [0, 1), got {config.label_smoothing}")
+    d = config.data
+    if d.corpus not in CORPORA:
+        raise ConfigError(f"data.corpus must be one of {', '.join(CORPORA)}; got {d.corpus!r}")
+    if d.corpus == "synthetic":
+        synthetic_spec(d)
+        if d.use_tfds and d.synthetic == "custom":
+            raise ConfigError(
+                "data.use_tfds needs a named built-in corpus (tiny, small, default), not custom"
+            )
+    if d.corpus == "tfds" and not d.tfds_name:
+        raise ConfigError("data.corpus='tfds' needs data.tfds_name, e.g. wmt14_translate/fr-en")
+    if d.corpus == "plain" and not (d.source_path and d.target_path):
+        raise ConfigError("data.corpus='plain' needs data.source_path and data.target_path")
+    if d.corpus == "tsv" and not d.tsv_path:
+        raise ConfigError("data.corpus='tsv' needs data.tsv_path")
+    for key in ("max_train_examples", "max_eval_examples", "prefetch"):
+        if d[key] < 0:
+            raise ConfigError(f"data.{key} must be >= 0, got {d[key]}")
+    batch_configs(config)
+    optimizer_config(config)
+    model_config(config, src_vocab=8, tgt_vocab=8)
+
+
+def smoke_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+    """``config`` shrunk to a run of seconds on a CPU: the same architecture, scorer and optimiser, tiny sizes,
+    30 updates on 300 short generated pairs of the built-in corpus (one batch shape), validation and checkpoints
+    every 10 updates, no warm-up (a decay ends at the last step). Every config's ``get_config("smoke")``
+    returns this.
+
+    >>> smoke_config(default_config()).model.hidden
+    24
+    """
+    c = ml_collections.ConfigDict(config.to_dict())
+    c.num_train_steps, c.log_every, c.eval_every, c.checkpoint_every = 30, 5, 10, 10
+    c.model.update(embed=16, hidden=24, maxout=16, align=16)
+    c.optimizer.update(warmup_steps=0)
+    if c.optimizer.decay in ("cosine", "linear"):
+        c.optimizer.decay_steps = c.num_train_steps
+    d = c.data
+    d.update(
+        corpus="synthetic", synthetic="custom", use_tfds=False, max_train_examples=0, max_eval_examples=0
+    )
+    d.synthetic_spec.update(
+        train_size=300, validation_size=40, test_per_bucket=5, seed=0, min_length=3, max_length=8
+    )
+    d.update(
+        max_source_length=14, max_target_length=14, batch_size=16, eval_batch_size=16, bucket_boundaries=(16,)
+    )
+    return c

@@ -1,0 +1,345 @@
+"""The training loop: ``train_and_evaluate(config, workdir)``.
+
+One loop for every experiment (an experiment is a config). Per update: one jitted :func:`train_step` on the
+next batch; every ``log_every`` updates a train record (token-level loss, perplexity, per-sentence NLL,
+gradient norm, learning rate, tokens/s); every ``eval_every`` a pass over the validation batches (loss,
+perplexity, attention diagnostics); every ``checkpoint_every`` an orbax checkpoint (train state, iterator
+position, config); validation and a checkpoint also at the last step.
+
+``workdir`` layout: ``checkpoints/<step>/``, ``vocab/{source,target}/``, ``metrics.jsonl``,
+``tensorboard/{train,validation}/``, ``config.json``.
+
+Resumption (``resume=True``) restores the latest checkpoint's state and iterator position; since the batch
+schedule is a pure function of (corpus, batch config, batch index), parameters and per-step randomness are a
+pure function of (seed, step), and a CPU computation is deterministic, the resumed run's losses and final
+parameters equal an uninterrupted run's bit for bit.
+
+A non-finite loss or gradient norm stops the run before anything is saved (:class:`TrainingDiverged`); the
+last good checkpoint stays the latest one.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from typing import IO, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+from attn_jax.train._checkpoint import CheckpointManager
+from attn_jax.train._config import (
+    ConfigError,
+    check_config,
+    flatten_config,
+    model_config,
+    optimizer_config,
+)
+from attn_jax.train._diagnostics import summarize_attention
+from attn_jax.train._inputs import make_inputs
+from attn_jax.train._metrics import MetricsLogger, format_duration
+from attn_jax.train._step import (
+    StepConfig,
+    TrainState,
+    all_finite,
+    eval_step,
+    init_train_state,
+    param_count,
+    train_step,
+)
+
+__all__ = ["TrainResult", "TrainingDiverged", "evaluate", "train_and_evaluate"]
+
+
+class TrainingDiverged(RuntimeError):
+    """The loss or the gradient norm became NaN or infinite; nothing was saved after the last good step."""
+
+
+class TrainResult(NamedTuple):
+    """What :func:`train_and_evaluate` returns.
+
+    Attributes:
+      step: the last step trained.
+      state: the final :class:`TrainState`.
+      train: the last train record (as in ``metrics.jsonl``), or None if no update ran.
+      validation: the last validation record, or None.
+      best_step: the kept checkpoint with the lowest validation NLL per token (None without checkpoints).
+      checkpoint_dir: where the checkpoints are.
+    """
+
+    step: int
+    state: TrainState
+    train: dict | None
+    validation: dict | None
+    best_step: int | None
+    checkpoint_dir: str
+
+
+def _sum(tree) -> dict[str, float]:
+    return {k: float(np.asarray(v, np.float64)) for k, v in tree._asdict().items()}
+
+
+def evaluate(params: dict, batches, config: StepConfig) -> dict[str, float | None]:
+    """Validation metrics of ``params`` over ``batches`` (pooled exactly over tokens and sentences).
+
+    Returns ``loss`` (the training objective per token, label-smoothed if the config smooths),
+    ``nll_per_token``, ``ppl`` = exp(``nll_per_token``), ``nll_per_sentence``, ``tokens``, ``sentences`` and,
+    for a model with attention, the diagnostics of :mod:`attn_jax.train._diagnostics`.
+    """
+    loss: dict[str, float] | None = None
+    attn = None
+    for batch in batches:
+        m = jax.device_get(eval_step(params, batch, config))
+        step_loss = _sum(m.loss)
+        loss = step_loss if loss is None else {k: loss[k] + step_loss[k] for k in loss}
+        if m.attention is not None:
+            a = m.attention
+            attn = (
+                a
+                if attn is None
+                else type(a)(*(np.float64(x) + np.float64(y) for x, y in zip(attn, a, strict=True)))
+            )
+    if loss is None:
+        raise ValueError("no validation batches")
+    out = _loss_record(loss)
+    if attn is not None:
+        out.update(summarize_attention(attn))
+    return out
+
+
+def _loss_record(s: dict[str, float]) -> dict[str, float]:
+    tokens, sentences = max(s["tokens"], 1.0), max(s["sentences"], 1.0)
+    nll = s["nll"] / tokens
+    return {
+        "loss": s["loss"] / tokens,
+        "nll_per_token": nll,
+        "ppl": math.exp(nll) if nll < 700 else math.inf,
+        "nll_per_sentence": s["nll"] / sentences,
+        "tokens": s["tokens"],
+        "sentences": s["sentences"],
+    }
+
+
+class _Window:
+    """Train metrics accumulated between two log steps.
+
+    Throughput counts only the time spent in training steps (batch, update, metrics), and not the run's first
+    step, which compiles: evaluation and checkpointing do not make the tokens/s of the next window look slow.
+    """
+
+    def __init__(self):
+        self.reset()
+
+    def reset(self):
+        self.sums = {"loss": 0.0, "nll": 0.0, "tokens": 0.0, "sentences": 0.0}
+        self.grad_norm = 0.0
+        self.steps = 0
+        self.timed_tokens = 0.0
+        self.timed_seconds = 0.0
+        self.timed_steps = 0
+
+    def add(self, loss: dict[str, float], grad_norm: float, seconds: float | None):
+        for k in self.sums:
+            self.sums[k] += loss[k]
+        self.grad_norm += grad_norm
+        self.steps += 1
+        if seconds is not None:
+            self.timed_tokens += loss["tokens"]
+            self.timed_seconds += seconds
+            self.timed_steps += 1
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.timed_tokens / self.timed_seconds if self.timed_seconds > 0 else 0.0
+
+    @property
+    def seconds_per_step(self) -> float | None:
+        return self.timed_seconds / self.timed_steps if self.timed_steps else None
+
+    def record(self, learning_rate: float, epoch: float) -> dict[str, float]:
+        out = _loss_record(self.sums)
+        out.update(
+            grad_norm=self.grad_norm / max(self.steps, 1),
+            learning_rate=learning_rate,
+            tokens_per_s=self.tokens_per_s,
+            epoch=epoch,
+        )
+        return out
+
+
+def _validation_line(step: int, v: dict) -> str:
+    line = (
+        f"validation @ step {step}: loss {v['loss']:.4f} | ppl {v['ppl']:.2f} | "
+        f"nll/sentence {v['nll_per_sentence']:.2f}"
+    )
+    if "attn_entropy" in v:
+        corr = v["attn_diag_corr"]
+        line += (
+            f" | attention: entropy {v['attn_entropy']:.3f} (norm {v['attn_entropy_norm']:.3f}), "
+            f"coverage |c-1| {v['attn_coverage_dev']:.3f}, low {v['attn_coverage_low']:.3f}, "
+            f"diagonal band {v['attn_diag_band']:.3f}, corr {'n/a' if corr is None else f'{corr:.3f}'}"
+        )
+        if "attn_gold_hit" in v:
+            line += f", gold hit {v['attn_gold_hit']:.3f}"
+    return line
+
+
+def _config_diff(saved: dict, current: dict) -> list[str]:
+    a, b = flatten_config(saved), flatten_config(current)
+    return sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
+
+
+def _diverged(what: str, step: int, ckpt: CheckpointManager) -> TrainingDiverged:
+    ckpt.wait()
+    last = ckpt.latest_step()
+    where = (
+        f"the last good checkpoint is step {last} in {ckpt.directory} (continue with --resume, e.g. with a "
+        "lower learning rate)"
+        if last is not None
+        else "no checkpoint had been written yet"
+    )
+    return TrainingDiverged(f"training diverged: {what} at step {step}; stopped without saving; {where}")
+
+
+def train_and_evaluate(
+    config: ml_collections.ConfigDict,
+    workdir: str | os.PathLike,
+    *,
+    resume: bool = False,
+    stream: IO[str] | None = None,
+    tty: bool | None = None,
+) -> TrainResult:
+    """Train the model ``config`` describes, writing checkpoints and metrics to ``workdir``.
+
+    Args:
+      config: a config with :func:`attn_jax.train.default_config`'s schema (see ``configs/``).
+      workdir: the run directory (created if missing).
+      resume: continue from the latest checkpoint in ``workdir`` (a fresh start if there is none). Without it,
+        a ``workdir`` that already holds checkpoints is an error, so a finished run is never overwritten.
+      stream: where progress and log lines go (default stdout).
+      tty: force the progress bar on or off (default: whether ``stream`` is a terminal).
+
+    Returns:
+      A :class:`TrainResult`.
+
+    Raises:
+      ConfigError: an invalid config, or checkpoints in ``workdir`` without ``resume``.
+      attn_jax.data.CorpusError: the corpus cannot be read or leaves no batch.
+      TrainingDiverged: the loss or gradient norm became non-finite.
+    """
+    check_config(config)
+    workdir = os.path.abspath(os.fspath(workdir))
+    os.makedirs(workdir, exist_ok=True)
+    ckpt = CheckpointManager(
+        os.path.join(workdir, "checkpoints"),
+        keep=config.keep_checkpoints,
+        keep_best=config.keep_best,
+        async_save=config.async_checkpoints,
+    )
+    total = config.num_train_steps
+    logger = MetricsLogger(workdir, total, tensorboard=config.tensorboard, stream=stream, tty=tty)
+    try:
+        latest = ckpt.latest_step()
+        if latest is not None and not resume:
+            raise ConfigError(
+                f"{workdir} already holds checkpoints (latest: step {latest}); pass --resume to continue that "
+                "run or choose another --workdir"
+            )
+        inputs = make_inputs(config, os.path.join(workdir, "vocab"), reuse_vocab=latest is not None)
+        step_cfg = StepConfig(
+            model=model_config(config, inputs.src_vocab.size, inputs.tgt_vocab.size),
+            optimizer=optimizer_config(config),
+            label_smoothing=config.label_smoothing,
+        )
+        config_dict = json.loads(config.to_json())
+        with open(os.path.join(workdir, "config.json"), "w", encoding="utf-8") as f:
+            json.dump(config_dict, f, indent=2, sort_keys=True)
+        m = step_cfg.model
+        logger.log(
+            f"model: {m.arch} (scorer {m.scorer}) with {param_count(m):,} parameters, vocabularies "
+            f"{m.src_vocab:,} / {m.tgt_vocab:,}, compute {m.dtype}; data: {inputs.train_pairs:,} training pairs "
+            f"in {len(inputs.train.plan.shapes)} batch shapes {inputs.train.plan.shapes}, "
+            f"{inputs.validation_pairs:,} validation pairs; optimizer {step_cfg.optimizer.name}"
+        )
+
+        # Committed to one device, as a restored state is: jit keys its cache on committedness, and a resumed
+        # run must not compile its steps twice.
+        device = jax.local_devices()[0]
+        state = jax.device_put(init_train_state(step_cfg, config.seed), device)
+        start = 0
+        if latest is not None:
+            restored = ckpt.restore(latest, jax.eval_shape(lambda: state))
+            state = jax.device_put(restored.state, device)
+            try:
+                inputs.train.set_state(restored.data)
+            except ValueError as e:
+                raise ConfigError(f"cannot resume: the data or batching config changed ({e})") from None
+            changed = _config_diff(restored.config, config_dict)
+            if changed:
+                logger.log(f"note: config differs from checkpoint {latest} in {', '.join(changed)}")
+            start = int(state.step)
+            logger.log(f"resumed from step {start} ({ckpt.directory})")
+        logger.truncate_after(start)
+
+        step, window = start, _Window()
+        last_train = last_val = None
+        batches_per_epoch = inputs.train.plan.batches_per_epoch
+        run_start = time.monotonic()
+        step_seconds = None  # recent seconds per step, for the ETA
+        while step < total:
+            tic = time.monotonic()
+            batch = next(inputs.train)
+            if config.debug.inject_nan_at_step == step + 1:
+                state = state.replace(params=jax.tree.map(lambda p: p * jnp.nan, state.params))
+            state, metrics = train_step(state, batch, step_cfg)
+            step += 1
+            m = jax.device_get(metrics)
+            loss, grad_norm = _sum(m.loss), float(m.grad_norm)
+            if not (math.isfinite(loss["loss"]) and math.isfinite(grad_norm)):
+                raise _diverged(f"loss {loss['loss']}, gradient norm {grad_norm}", step, ckpt)
+            window.add(loss, grad_norm, None if step == start + 1 else time.monotonic() - tic)
+
+            elapsed = time.monotonic() - run_start
+            step_seconds = window.seconds_per_step or step_seconds or elapsed / (step - start)
+            eta = step_seconds * (total - step)
+            logger.progress(step, loss["loss"] / max(loss["tokens"], 1.0), window.tokens_per_s, eta)
+
+            if step % config.log_every == 0 or step == total:
+                last_train = window.record(float(m.learning_rate), step / batches_per_epoch)
+                logger.write("train", step, {**last_train, "elapsed_s": elapsed})
+                if not logger.tty:
+                    logger.log(
+                        f"step {step}/{total}: loss {last_train['loss']:.4f} | ppl {last_train['ppl']:.2f} | "
+                        f"nll/sentence {last_train['nll_per_sentence']:.2f} | |g| {last_train['grad_norm']:.3f} | "
+                        f"{last_train['tokens_per_s']:,.0f} tok/s | ETA {format_duration(eta)}"
+                    )
+                window.reset()
+
+            val = None
+            if step % config.eval_every == 0 or step == total:
+                val = evaluate(state.params, inputs.validation, step_cfg)
+                logger.write("validation", step, val)
+                logger.log(_validation_line(step, val))
+                last_val = val
+            if step % config.checkpoint_every == 0 or step == total:
+                if not bool(all_finite(state.params)):
+                    raise _diverged("non-finite parameters", step, ckpt)
+                metrics_for_best = None if val is None else {"nll_per_token": val["nll_per_token"]}
+                ckpt.save(step, state, inputs.train.get_state(), config_dict, metrics=metrics_for_best)
+        ckpt.wait()
+        best = ckpt.best_step()
+        if step > start:
+            logger.log(
+                f"done: step {step} in {format_duration(time.monotonic() - run_start)}; checkpoints "
+                f"{ckpt.all_steps()} (best: {best}) in {ckpt.directory}"
+            )
+        else:
+            logger.log(f"nothing to do: the run is already at step {step} of {total}")
+        return TrainResult(step, state, last_train, last_val, best, ckpt.directory)
+    finally:
+        ckpt.close()
+        logger.close()

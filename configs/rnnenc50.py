@@ -1,0 +1,45 @@
+"""RNNencdec-50 of Bahdanau, Cho & Bengio (2015) at the paper's sizes on WMT'14 English→French: the baseline
+encoder–decoder of Cho et al. (2014), one fixed context vector and no attention.
+
+    attn-jax train --config configs/rnnenc50.py --workdir runs/rnnenc50
+    attn-jax train --config configs/rnnenc50.py --workdir runs/rnnenc50 --resume     # after a preemption
+    attn-jax train --config configs/rnnenc50.py:smoke --workdir /tmp/smoke_rnnenc50   # ~30 s on a CPU (mostly compiling), built-in corpus
+
+Paper settings (section 4 and appendix B): embedding 620, hidden 1000 (encoder and decoder), maxout 500,
+30,000-word shortlists per language, training pairs of at most 50 words, minibatches of 80 sentences, Adadelta
+(ρ = 0.95, ε = 1e-6) with the gradient's L2 norm rescaled to at most 1. Data: TFDS `wmt14_translate/fr-en`
+(English source, French target; validation = newstest2013), which must be prepared once on a machine with
+internet (attn_jax/data/README.md). Differences from the paper: the paper trained on a 348M-word subset selected
+by Axelrod et al.'s method and validated on news-test-2012+2013; TFDS gives the full WMT'14 training data (~40M
+pairs held in memory by the reader: cap it with --config.data.max_train_examples=N); the paper does not give its
+number of updates (about 5 days per model on one GPU): 300,000 updates of 80 sentences here is our choice.
+
+Expected: the paper reports test BLEU 17.82 (all) / 26.71 (no UNK) on newstest2014 (Table 1) after ~5 days on a
+2015 GPU; BLEU needs decoding (beam search), which this trainer does not do — it reports validation loss,
+perplexity and attention diagnostics. Runtime: days on one GPU; not runnable on a CPU.
+Smoke variant (`:smoke`): the same architecture and optimiser at tiny sizes on 300 generated pairs of the
+built-in corpus, 30 updates, ~30 s on a CPU, mostly compilation (no WMT needed).
+"""
+
+from attn_jax.train import default_config, smoke_config
+
+
+def get_config(arg: str | None = None):
+    c = default_config()
+    c.seed = 0
+    c.num_train_steps = 300_000
+    c.log_every = 100
+    c.eval_every = 5_000
+    c.checkpoint_every = 5_000
+    c.keep_checkpoints = 3
+    c.model.update(arch="rnnenc", scorer="additive", embed=620, hidden=1000, maxout=500, align=1000)
+    c.optimizer.update(name="adadelta", learning_rate=1.0, rho=0.95, eps=1e-6, clip_norm=1.0)
+    c.data.update(corpus="tfds", tfds_name="wmt14_translate/fr-en", source_key="en", target_key="fr")
+    c.data.update(train_split="train", eval_split="validation", src_vocab_size=30_000, tgt_vocab_size=30_000)
+    c.data.update(max_source_length=50, max_target_length=50, batch_size=80, eval_batch_size=80)
+    c.data.bucket_boundaries = (16, 24, 32, 48, 64)
+    if arg == "smoke":
+        return smoke_config(c)
+    if arg is not None:
+        raise ValueError(f"unknown variant {arg!r}; the only variant is 'smoke'")
+    return c
