@@ -6,7 +6,9 @@ import argparse
 from collections.abc import Sequence
 
 from attn_jax.cli_data import add_data_parser
+from attn_jax.cli_evaluate import add_evaluate_parser
 from attn_jax.cli_train import add_train_parser
+from attn_jax.cli_translate import add_translate_parser
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -17,6 +19,8 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     add_data_parser(subparsers)
     add_train_parser(subparsers)
+    add_translate_parser(subparsers)
+    add_evaluate_parser(subparsers)
     return parser
 
 

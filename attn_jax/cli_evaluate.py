@@ -1,0 +1,483 @@
+"""``attn-jax evaluate``: BLEU overall, by source length and without ``<unk>``, AER and attention heatmaps of a run.
+
+    attn-jax evaluate --workdir runs/rnnsearch_cpu --split test
+    attn-jax evaluate --workdir runs/rnnsearch_cpu --split test --beam 12 --max-examples 140 --out /tmp/eval
+
+Decodes the split with beam search (the run's best checkpoint), scores it with sacreBLEU (overall, per source
+length bucket 0-9 ... 60+ as in Bahdanau et al. 2015, Figure 2, and on the sentences without ``<unk>``,
+Table 1's "No UNK"), measures the alignment error rate of the attention against the corpus' gold alignments
+(built-in corpus), draws attention heatmaps of a few long sentences (Figure 3), prints the tables and writes
+them to ``--out`` (default ``workdir/eval/<split>``):
+
+    sources.txt  references.txt  hypotheses.txt     the scored sentences, line-aligned (BLEU can be recomputed)
+    alignments.txt                                  Pharaoh links from teacher-forced attention (AER's input)
+    bleu_by_length.{md,json}  summary.{md,json}     the tables (JSON: fractions, null for an empty bucket)
+    evaluation.json  evaluation.md                  everything: scores, options, checkpoint, timings, pictures
+    bleu_by_length.png  attention_<k>.png  attention_<k>_reference.png
+
+AER uses attention from teacher forcing on the *reference* (the gold aligns source and reference words, so the
+attention of a decoded hypothesis cannot be scored against it): each reference word is linked to its
+most-attended source word (``argmax_alignment``). ``attention_<k>.png`` shows the attention while the model
+produced its own translation (the paper's Figure 3); ``attention_<k>_reference.png`` the teacher-forced
+attention on the reference with the gold links drawn as red squares.
+
+Exit status: 0 done; 1 a missing workdir or checkpoint, an unreadable corpus or split; 2 a bad flag.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+import json
+import math
+import os
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from attn_jax.cli_translate import (
+    LoadedModel,
+    TranslateError,
+    length_batches,
+    load_model,
+    pad_rows,
+    parse_checkpoint,
+    quiet_checkpoint_logs,
+    translate_sentences,
+)
+
+__all__ = ["add_evaluate_parser", "evaluate_workdir", "load_split", "run_evaluate"]
+
+_SYSTEM_NAMES = {"rnnsearch": "RNNsearch", "rnnenc": "RNNenc"}
+
+
+def load_split(config, split: str, *, test_per_bucket: int | None = None):
+    """The ``split`` of the run's corpus as an ``attn_jax.data.ParallelCorpus``.
+
+    The built-in corpus without TFDS (``data.use_tfds=False``) is generated in memory, the test split included
+    (the trainer reads only train/validation that way): a named config (``small``, ...) uses its own
+    ``test_per_bucket``; ``custom`` uses ``test_per_bucket`` or ``ceil(validation_size / 7)`` (at least 1) per
+    length bucket. Other corpora are read by ``attn_jax.train.load_corpus``.
+    """
+    from attn_jax import data
+    from attn_jax.train import load_corpus
+
+    d = config.data
+    if d.corpus == "synthetic" and not d.use_tfds and split.split("[")[0] == "test":
+        named = {c.name: c.spec for c in data.AttnJaxSynthetic.BUILDER_CONFIGS}
+        if d.synthetic in named:
+            spec = named[d.synthetic]
+            if test_per_bucket is not None:
+                spec = dataclasses.replace(spec, test_per_bucket=test_per_bucket)
+        else:
+            s = d.synthetic_spec
+            per_bucket = test_per_bucket or max(1, math.ceil(s.validation_size / 7))
+            spec = data.SyntheticSpec(
+                train_size=s.train_size,
+                validation_size=s.validation_size,
+                test_per_bucket=per_bucket,
+                seed=s.seed,
+                min_length=s.min_length,
+                max_length=s.max_length,
+            )
+        pairs = data.generate_synthetic(spec)["test"]
+        return data.corpus_from_pairs(
+            [(p.source, p.target, p.alignment) for p in pairs], name=f"attn_jax_synthetic/{d.synthetic}[test]"
+        )
+    return load_corpus(d, split)
+
+
+def select_examples(sources: Sequence[str], max_examples: int | None) -> list[int]:
+    """Indices of at most ``max_examples`` pairs, spread evenly over the length buckets 0-9 ... 60+.
+
+    Round robin over the buckets (corpus order inside each), so a small sample still fills every bucket of the
+    BLEU-by-length table; all pairs when ``max_examples`` is None or not smaller than the corpus.
+    """
+    from attn_jax.eval import PAPER_BUCKETS, bucket_index
+
+    n = len(sources)
+    if max_examples is None or max_examples >= n:
+        return list(range(n))
+    groups: list[list[int]] = [[] for _ in PAPER_BUCKETS]
+    for i, s in enumerate(sources):
+        groups[bucket_index(len(s.split()))].append(i)
+    picked: list[int] = []
+    depth = 0
+    while len(picked) < max_examples:
+        for g in groups:
+            if depth < len(g) and len(picked) < max_examples:
+                picked.append(g[depth])
+        depth += 1
+    return sorted(picked)
+
+
+@functools.cache
+def _teacher_forced():
+    """The jitted ``(graphdef, state, src, src_mask, tgt_in) -> attention [B, T, S]`` (None without attention);
+    built on first use so that ``attn-jax --help`` does not import JAX."""
+    import jax
+    from flax import nnx
+
+    def attention(graphdef, state, src, src_mask, tgt_in):
+        _, weights = nnx.merge(graphdef, state)(src, src_mask, tgt_in)
+        return weights
+
+    return jax.jit(attention, static_argnums=0)
+
+
+def reference_attention(
+    loaded: LoadedModel, sources: Sequence[str], references: Sequence[str], *, batch_size: int = 32
+) -> list[np.ndarray] | None:
+    """Teacher-forced attention on each reference: ``[m + 1, n + 1]`` per sentence (rows: the ``m`` reference
+    tokens then ``</s>``; columns: the ``n`` source tokens then ``</s>``); None for a model without attention."""
+    from flax import nnx
+
+    sv, tv = loaded.src_vocab, loaded.tgt_vocab
+    src_ids = [sv.encode(s) for s in sources]
+    tgt_ids = [tv.encode(r) for r in references]
+    graphdef, state = nnx.split(loaded.model)
+    lengths = [max(len(s), len(t)) + 1 for s, t in zip(src_ids, tgt_ids, strict=True)]
+    out: list[np.ndarray | None] = [None] * len(sources)
+    for chunk, width, rows in length_batches(lengths, batch_size):
+        src, mask = pad_rows([src_ids[i] for i in chunk], width, rows, sv.eos_id, sv.pad_id)
+        tgt_in = np.full((rows, width), tv.pad_id, np.int32)
+        for r in range(rows):
+            t = tgt_ids[chunk[r]] if r < len(chunk) else tgt_ids[chunk[0]]
+            tgt_in[r, 0] = tv.bos_id
+            tgt_in[r, 1 : len(t) + 1] = t
+        weights = _teacher_forced()(graphdef, state, src, mask, tgt_in)
+        if weights is None:
+            return None
+        weights = np.asarray(weights)
+        for r, i in enumerate(chunk):
+            out[i] = weights[r, : len(tgt_ids[i]) + 1, : len(src_ids[i]) + 1]
+    return out  # type: ignore[return-value]
+
+
+def _write_lines(path: str, lines: Sequence[str]) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        f.write("".join(line + "\n" for line in lines))
+
+
+def _heatmap_examples(sources: Sequence[str], count: int, max_length: int) -> list[int]:
+    """The ``count`` longest sentences with at most ``max_length`` source words (longest first; ties: corpus order)."""
+    fitting = [i for i, s in enumerate(sources) if len(s.split()) <= max_length] or list(range(len(sources)))
+    return sorted(fitting, key=lambda i: (-len(sources[i].split()), i))[:count]
+
+
+def evaluate_workdir(
+    workdir: str | os.PathLike,
+    *,
+    split: str = "test",
+    beam_size: int = 12,
+    alpha: float = 0.6,
+    beta: float = 0.0,
+    max_examples: int | None = None,
+    out_dir: str | os.PathLike | None = None,
+    checkpoint: str | int = "best",
+    batch_size: int = 32,
+    num_heatmaps: int = 3,
+    heatmap_max_length: int = 40,
+    replace_unk: bool = False,
+    test_per_bucket: int | None = None,
+    name: str | None = None,
+    log=None,
+) -> dict[str, Any]:
+    """Evaluate a training run on one split: decode, BLEU overall / by length / No UNK, AER, heatmaps, tables.
+
+    Args:
+      workdir: the run directory (``checkpoints/``, ``vocab/``).
+      split: the corpus split (``test``, ``validation``, ``train``, or TFDS slicing such as ``test[:500]``).
+      beam_size, alpha, beta: beam search (GNMT length normalisation α, coverage penalty β).
+      max_examples: evaluate at most this many pairs, spread evenly over the length buckets
+        (:func:`select_examples`); None: all.
+      out_dir: where to write (default ``workdir/eval/<split>``).
+      checkpoint: ``best`` (lowest validation loss), ``last`` or a step.
+      batch_size: sentences per decoding / teacher-forcing batch.
+      num_heatmaps: heatmaps of the longest sentences with at most ``heatmap_max_length`` source words.
+      replace_unk: replace produced ``<unk>`` by the most-attended source word before scoring (off: the
+        paper's setting).
+      test_per_bucket: test pairs per length bucket of a generated built-in corpus (see :func:`load_split`).
+      name: the system's name in the tables (default ``RNNsearch`` / ``RNNenc`` from the config).
+      log: a ``print``-like callable for progress (default: silent).
+
+    Returns:
+      A dict: ``system``, ``workdir``, ``step``, ``split``, ``num_sentences``, ``bleu`` (overall score),
+      ``signature``, ``bleu_by_length`` (:meth:`BleuByLength.to_dict`), ``no_unk`` and ``aer`` (dicts or None),
+      ``options``, ``timings``, ``files`` (name -> path) and two objects for composing multi-system tables:
+      ``bleu_by_length_result`` (:class:`attn_jax.eval.BleuByLength`) and ``system_scores``
+      (:class:`attn_jax.eval.SystemScores`). ``evaluation.json`` holds the same minus those two objects.
+
+    Raises:
+      TranslateError: a missing run or checkpoint, or bad options. ``attn_jax.data.CorpusError``: the split
+        cannot be read.
+    """
+    from attn_jax import eval as ev
+
+    log = log or (lambda *a, **k: None)
+    timings: dict[str, float] = {}
+    t0 = time.perf_counter()
+    loaded = load_model(workdir, checkpoint)
+    system = name or _SYSTEM_NAMES.get(str(loaded.config.model.arch), str(loaded.config.model.arch))
+    out_dir = os.fspath(out_dir) if out_dir is not None else os.path.join(os.fspath(workdir), "eval", split)
+    os.makedirs(out_dir, exist_ok=True)
+
+    corpus = load_split(loaded.config, split, test_per_bucket=test_per_bucket)
+    keep = select_examples(corpus.sources, max_examples)
+    if not keep:
+        raise TranslateError(f"{split}: no sentence pairs to evaluate")
+    sources = [corpus.sources[i] for i in keep]
+    references = [corpus.targets[i] for i in keep]
+    gold = None if corpus.alignments is None else [corpus.alignments[i] for i in keep]
+    timings["load_s"] = time.perf_counter() - t0
+    log(f"{system} (step {loaded.step}): decoding {len(sources)} {split} sentences with beam {beam_size}")
+
+    t0 = time.perf_counter()
+    translations = translate_sentences(
+        loaded,
+        sources,
+        beam_size=beam_size,
+        alpha=alpha,
+        beta=beta,
+        batch_size=batch_size,
+        replace_unk=replace_unk,
+    )
+    hypotheses = [t[0].text if t else "" for t in translations]
+    timings["decode_s"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    by_length = ev.bleu_by_length(hypotheses, references, sources)
+    sv, tv = loaded.src_vocab, loaded.tgt_vocab
+    no_unk = ev.bleu_no_unk(
+        hypotheses,
+        references,
+        source_has_unk=[ev.has_unk(sv.encode(s), unk_id=sv.unk_id) for s in sources],
+        reference_has_unk=[ev.has_unk(tv.encode(r), unk_id=tv.unk_id) for r in references],
+    )
+    word_level = getattr(sv, "word_level", False) and getattr(tv, "word_level", False)
+    ref_attention = reference_attention(loaded, sources, references, batch_size=batch_size)
+    aer = links = None
+    if ref_attention is not None and word_level:
+        links = [
+            ev.argmax_alignment(w[: len(r.split()), : len(s.split())])
+            for w, s, r in zip(ref_attention, sources, references, strict=True)
+        ]
+        if gold is not None:
+            aer = ev.alignment_error_rate(
+                links,
+                gold,
+                source_lengths=[len(s.split()) for s in sources],
+                target_lengths=[len(r.split()) for r in references],
+            )
+    timings["score_s"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    files: dict[str, str] = {}
+
+    def path(fname: str) -> str:
+        files[fname] = os.path.join(out_dir, fname)
+        return files[fname]
+
+    _write_lines(path("sources.txt"), sources)
+    _write_lines(path("references.txt"), references)
+    _write_lines(path("hypotheses.txt"), hypotheses)
+    if links is not None:
+        _write_lines(path("alignments.txt"), [ev.format_pharaoh(a) for a in links])
+    scores = ev.SystemScores(by_length.overall, no_unk, aer)
+    by_length_md = ev.bleu_by_length_markdown({system: by_length})
+    summary_md = ev.summary_markdown({system: scores})
+    with open(path("bleu_by_length.md"), "w", encoding="utf-8") as f:
+        f.write(by_length_md)
+    with open(path("summary.md"), "w", encoding="utf-8") as f:
+        f.write(summary_md)
+    with open(path("bleu_by_length.json"), "w", encoding="utf-8") as f:
+        json.dump(ev.bleu_by_length_json({system: by_length}), f, indent=2, allow_nan=False)
+    with open(path("summary.json"), "w", encoding="utf-8") as f:
+        json.dump(ev.summary_json({system: scores}), f, indent=2, allow_nan=False)
+    ev.plot_bleu_by_length({system: by_length}, path("bleu_by_length.png"), title=f"{system}: BLEU by length")
+
+    heatmaps = []
+    for k, i in enumerate(_heatmap_examples(sources, num_heatmaps, heatmap_max_length)):
+        hyp = translations[i][0] if translations[i] else None
+        src_words = [*sources[i].split(), "</s>"] if word_level else None
+        if hyp is not None and hyp.attention is not None:
+            heatmaps.append(
+                ev.plot_attention(
+                    hyp.attention,
+                    [*hyp.source_tokens, "</s>"],
+                    [*hyp.tokens, "</s>"],
+                    path(f"attention_{k}.png"),
+                    title=f"{system}, {split} #{keep[i]}: own translation",
+                )
+            )
+        if ref_attention is not None and src_words is not None:
+            heatmaps.append(
+                ev.plot_attention(
+                    ref_attention[i],
+                    src_words,
+                    [*references[i].split(), "</s>"],
+                    path(f"attention_{k}_reference.png"),
+                    gold=gold[i] if gold is not None else None,
+                    title=f"{system}, {split} #{keep[i]}: reference (red: gold)",
+                )
+            )
+    timings["write_s"] = time.perf_counter() - t0
+
+    result: dict[str, Any] = {
+        "system": system,
+        "workdir": os.fspath(workdir),
+        "step": loaded.step,
+        "split": split,
+        "corpus": corpus.name,
+        "num_sentences": len(sources),
+        "bleu": by_length.overall.score,
+        "signature": by_length.signature,
+        "bleu_by_length": by_length.to_dict(),
+        "no_unk": no_unk.to_dict(),
+        "aer": None if aer is None else aer.to_dict(),
+        "options": {
+            "beam_size": beam_size,
+            "alpha": alpha,
+            "beta": beta,
+            "checkpoint": checkpoint,
+            "max_examples": max_examples,
+            "replace_unk": replace_unk,
+            "batch_size": batch_size,
+        },
+        "timings": timings,
+        "files": files,
+    }
+    md = [
+        f"# {system} on {corpus.name} ({split}), checkpoint step {loaded.step}\n",
+        f"Beam {beam_size}, α = {alpha}, β = {beta}; {len(sources)} sentences.\n",
+        "## BLEU by source length\n",
+        by_length_md,
+        "## Summary\n",
+        summary_md,
+    ]
+    if heatmaps:
+        md.append("## Attention\n")
+        md += [f"![{os.path.basename(h)}]({os.path.basename(h)})\n" for h in heatmaps]
+    files["evaluation.md"] = os.path.join(out_dir, "evaluation.md")
+    files["evaluation.json"] = os.path.join(out_dir, "evaluation.json")
+    with open(files["evaluation.md"], "w", encoding="utf-8") as f:
+        f.write("\n".join(md))
+    with open(files["evaluation.json"], "w", encoding="utf-8") as f:
+        json.dump(_json_ready(result), f, indent=2, allow_nan=False)
+    result["bleu_by_length_result"] = by_length
+    result["system_scores"] = scores
+    return result
+
+
+def _json_ready(x):
+    """NaN -> None, recursively."""
+    if isinstance(x, dict):
+        return {k: _json_ready(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [_json_ready(v) for v in x]
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    return x
+
+
+# -------------------------------------------------------------------------------------------------- CLI
+
+
+def add_evaluate_parser(subparsers) -> argparse.ArgumentParser:
+    """Add the ``evaluate`` subcommand to an ``argparse`` subparsers object; its handler is :func:`run_evaluate`."""
+    p = subparsers.add_parser(
+        "evaluate",
+        help="BLEU (overall, by length, No UNK), AER and attention heatmaps of a trained run",
+        description=__doc__.split("\n\n")[0],
+        epilog=(
+            "Writes sources/references/hypotheses.txt, bleu_by_length.{md,json}, summary.{md,json}, "
+            "evaluation.{md,json} and PNGs to --out (default WORKDIR/eval/SPLIT). Exit status: 0 done, "
+            "1 missing run/checkpoint or unreadable corpus, 2 bad flag."
+        ),
+    )
+    p.add_argument("--workdir", required=True, metavar="DIR", help="the training run's directory")
+    p.add_argument("--split", default="test", help="corpus split (default: %(default)s)")
+    p.add_argument(
+        "--out", default=None, metavar="DIR", help="output directory (default: WORKDIR/eval/SPLIT)"
+    )
+    p.add_argument("--beam", type=int, default=12, metavar="K", help="beam size (default: %(default)s)")
+    p.add_argument("--alpha", type=float, default=0.6, help="length-normalisation α (default: %(default)s)")
+    p.add_argument("--beta", type=float, default=0.0, help="coverage-penalty β (default: %(default)s)")
+    p.add_argument(
+        "--max-examples",
+        type=int,
+        default=None,
+        metavar="N",
+        help="at most N pairs, spread over length buckets",
+    )
+    p.add_argument(
+        "--checkpoint",
+        type=parse_checkpoint,
+        default="best",
+        metavar="best|last|STEP",
+        help="(default: best)",
+    )
+    p.add_argument("--batch-size", type=int, default=32, help="sentences per batch (default: %(default)s)")
+    p.add_argument(
+        "--heatmaps", type=int, default=3, metavar="N", help="attention heatmaps (default: %(default)s)"
+    )
+    p.add_argument(
+        "--replace-unk", action="store_true", help="replace produced <unk> by the most-attended source word"
+    )
+    p.set_defaults(func=run_evaluate)
+    return p
+
+
+def _error(message: str, status: int = 1) -> int:
+    print(f"attn-jax evaluate: error: {' '.join(str(message).split())}", file=sys.stderr)
+    return status
+
+
+def run_evaluate(args: argparse.Namespace) -> int:
+    """Run ``attn-jax evaluate`` with parsed arguments; returns the exit status."""
+    if args.beam < 1:
+        return _error(f"--beam must be >= 1, got {args.beam}", 2)
+    if args.max_examples is not None and args.max_examples < 1:
+        return _error(f"--max-examples must be >= 1, got {args.max_examples}", 2)
+    if args.batch_size < 1 or args.heatmaps < 0:
+        return _error("--batch-size must be >= 1 and --heatmaps >= 0", 2)
+    for flag, value in (("--alpha", args.alpha), ("--beta", args.beta)):
+        if not (math.isfinite(value) and value >= 0):
+            return _error(f"{flag} must be a finite number >= 0, got {value}", 2)
+
+    from attn_jax.data import CorpusError
+
+    quiet_checkpoint_logs()
+    try:
+        r = evaluate_workdir(
+            args.workdir,
+            split=args.split,
+            beam_size=args.beam,
+            alpha=args.alpha,
+            beta=args.beta,
+            max_examples=args.max_examples,
+            out_dir=args.out,
+            checkpoint=args.checkpoint,
+            batch_size=args.batch_size,
+            num_heatmaps=args.heatmaps,
+            replace_unk=args.replace_unk,
+            log=lambda *a: print(*a, file=sys.stderr),
+        )
+    except (TranslateError, CorpusError) as e:
+        return _error(e)
+    from attn_jax import eval as ev
+
+    print(f"{r['system']} on {r['corpus']} ({r['split']}), checkpoint step {r['step']}, beam {args.beam}")
+    print(
+        f"\nBLEU by source length:\n\n{ev.bleu_by_length_markdown({r['system']: r['bleu_by_length_result']})}"
+    )
+    print(f"Summary:\n\n{ev.summary_markdown({r['system']: r['system_scores']})}")
+    print(r["bleu_by_length_result"].overall)
+    if r["system_scores"].aer is not None:
+        print(r["system_scores"].aer)
+    print(f"\nwritten to {os.path.dirname(r['files']['evaluation.json'])}/")
+    return 0

@@ -1,0 +1,493 @@
+"""``attn-jax translate``: translate sentences with a trained run's checkpoint (beam search), optionally aligned.
+
+    attn-jax translate --workdir runs/rnnsearch_cpu --input test.en --output test.out
+    echo "the dog slept ." | attn-jax translate --workdir runs/rnnsearch_cpu --beam 12 --alpha 0.6
+    attn-jax translate --workdir runs/X --input - --nbest 4              # Moses n-best: i ||| text ||| score
+    attn-jax translate --workdir runs/X --alignment pharaoh               # text ||| 0-0 1-2 ...
+    attn-jax translate --workdir runs/X --alignment json                  # one JSON object per input line
+
+Input: one sentence per line (UTF-8, already tokenised as the training corpus: whitespace tokens); a blank line
+gives a blank translation (nothing is decoded), so output line ``k`` always belongs to input line ``k``. The
+checkpoint is the run's best one by validation loss (``--checkpoint best``, the default), the latest
+(``last``) or a given step; the vocabularies are the run's own (``workdir/vocab``).
+
+Output formats:
+
+* plain: the best translation, one line per input line;
+* ``--nbest K``: Moses n-best lists, ``K`` lines per input line ``i ||| translation ||| score ||| log_prob``
+  (``i`` 0-based, best first; ``score`` is the normalised beam score ``log P / lp + cp``);
+* ``--alignment pharaoh``: ``translation ||| i-j i-j ...`` (with ``--nbest`` appended as a fifth field): for
+  every target word ``j`` the source word ``i`` it attends to most (0-based token positions, ``</s>`` on
+  either side left out; word positions for the word-level vocabularies of the built-in corpus);
+* ``--alignment json``: one JSON object per input line, ``{"index", "source", "translation", "hypotheses":
+  [{"translation", "tokens", "score", "log_prob", "alignment", "attention"}]}`` with ``attention`` the
+  ``[m + 1, n + 1]`` weights (rows: the ``m`` target words then ``</s>``; columns: the ``n`` source tokens
+  then ``</s>``).
+
+Unknown words: the shortlist vocabularies map rare words to ``<unk>``, and the model may produce ``<unk>``. By
+default it is passed through as the literal token ``<unk>`` (the paper's setting; BLEU counts it as a wrong
+word). ``--replace-unk`` replaces each produced ``<unk>`` by the source word that received the most attention
+when it was produced (Luong et al. 2015, "Addressing the Rare Word Problem in Neural Machine Translation",
+with attention as the alignment, as in Jean et al. 2015): useful for names and numbers copied verbatim. It
+needs a model with attention and word-level vocabularies (otherwise ``<unk>`` stays).
+
+Exit status: 0 done; 1 a missing workdir, checkpoint or vocabulary, an unreadable or empty input (one line on
+stderr, no traceback); 2 a bad flag.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+import numpy as np
+
+__all__ = [
+    "LoadedModel",
+    "TranslateError",
+    "Translation",
+    "add_translate_parser",
+    "load_model",
+    "run_translate",
+    "translate_sentences",
+]
+
+UNK_TOKEN = "<unk>"
+_MIN_WIDTH = 16  # padded source widths are powers of two from here: few compiled shapes
+
+
+class TranslateError(ValueError):
+    """A run cannot be loaded or an input cannot be translated; the message is one line."""
+
+
+class LoadedModel(NamedTuple):
+    """A trained model restored from a run directory, with its vocabularies and config."""
+
+    model: Any  # flax.nnx.Module with the step interface
+    src_vocab: Any  # attn_jax.data.Vocabulary
+    tgt_vocab: Any
+    config: Any  # ml_collections.ConfigDict of the run
+    step: int
+    workdir: str
+
+
+class Translation(NamedTuple):
+    """One hypothesis for one source sentence.
+
+    Attributes:
+      text: the translation (``<unk>`` replaced when asked).
+      tokens: its target tokens (words for word-level vocabularies), without ``</s>``.
+      ids: the target token ids, without ``</s>``.
+      score: normalised beam score ``log P / lp + cp``.
+      log_prob: ``log P(Y | X)`` including ``</s>``.
+      attention: ``[m + 1, n + 1]`` float32 weights (rows: ``m`` target tokens then ``</s>``; columns: ``n``
+        source tokens then ``</s>``), or None for a model without attention.
+      source_tokens: the ``n`` source tokens.
+    """
+
+    text: str
+    tokens: list[str]
+    ids: list[int]
+    score: float
+    log_prob: float
+    attention: np.ndarray | None
+    source_tokens: list[str]
+
+    def alignment(self) -> str:
+        """Pharaoh ``i-j`` links: each target token ``j`` to its most-attended source token ``i`` (no ``</s>``)."""
+        if self.attention is None or not self.tokens or not self.source_tokens:
+            return ""
+        w = self.attention[: len(self.tokens), : len(self.source_tokens)]
+        return " ".join(f"{int(np.argmax(w[j]))}-{j}" for j in range(w.shape[0]) if w[j].max() > 0)
+
+
+# ------------------------------------------------------------------------------------------------ loading
+
+
+def parse_checkpoint(value: str) -> str | int:
+    """``best``, ``last`` or a non-negative step number (argparse type)."""
+    if value in ("best", "last"):
+        return value
+    if value.isdigit():
+        return int(value)
+    raise argparse.ArgumentTypeError(f"expected best, last or a step number, got {value!r}")
+
+
+def load_model(workdir: str | os.PathLike, checkpoint: str | int = "best") -> LoadedModel:
+    """Restore the model of a training run: its checkpoint (``best``, ``last`` or a step), vocabularies, config.
+
+    Raises:
+      TranslateError: no such workdir, no (such) checkpoint, missing vocabularies or an unusable config.
+    """
+    import ml_collections
+
+    from attn_jax import data
+    from attn_jax.train import build_module, load_checkpoint, model_config
+
+    workdir = os.fspath(workdir)
+    if not os.path.isdir(workdir):
+        raise TranslateError(f"{workdir}: no such run directory")
+    ckpt_dir = os.path.join(workdir, "checkpoints")
+    steps = (
+        sorted(
+            int(d) for d in os.listdir(ckpt_dir) if d.isdigit() and os.path.isdir(os.path.join(ckpt_dir, d))
+        )
+        if os.path.isdir(ckpt_dir)
+        else []
+    )
+    if not steps:
+        raise TranslateError(f"{workdir}: no checkpoint (expected {ckpt_dir}/<step>; train first)")
+    if isinstance(checkpoint, int) and checkpoint not in steps:
+        raise TranslateError(f"{workdir}: no checkpoint at step {checkpoint} (kept: {steps})")
+    try:
+        step = checkpoint if isinstance(checkpoint, int) else None
+        restored = load_checkpoint(workdir, step, best=checkpoint == "best")
+    except FileNotFoundError as e:
+        raise TranslateError(str(e)) from None
+    try:
+        src_vocab, tgt_vocab = data.load_vocabularies(os.path.join(workdir, "vocab"))
+    except (ValueError, OSError) as e:
+        raise TranslateError(f"{workdir}: cannot read the vocabularies: {e}") from None
+    config = ml_collections.ConfigDict(restored.config)
+    try:
+        model = build_module(model_config(config, src_vocab.size, tgt_vocab.size), restored.state["params"])
+    except (ValueError, KeyError, TypeError) as e:
+        raise TranslateError(f"{workdir}: checkpoint {restored.step} does not fit its config: {e}") from None
+    return LoadedModel(model, src_vocab, tgt_vocab, config, int(restored.step), workdir)
+
+
+# ----------------------------------------------------------------------------------------------- decoding
+
+
+def padded_width(tokens: int) -> int:
+    """The padded length for ``tokens`` positions: a power of two, at least 16 (few compiled shapes)."""
+    return max(_MIN_WIDTH, 1 << max(0, tokens - 1).bit_length())
+
+
+def length_batches(lengths: Sequence[int], batch_size: int) -> list[tuple[list[int], int, int]]:
+    """Group sentence indices by padded width: ``(indices, width, rows)`` with ``rows`` the padded batch size.
+
+    ``rows`` is ``batch_size`` for full batches and the next power of two for a last partial one, so a width
+    compiles at most ``log2(batch_size) + 1`` shapes.
+    """
+    by_width: dict[int, list[int]] = {}
+    for i in sorted(range(len(lengths)), key=lambda i: lengths[i]):
+        by_width.setdefault(padded_width(lengths[i]), []).append(i)
+    out = []
+    for width, idx in sorted(by_width.items()):
+        for start in range(0, len(idx), batch_size):
+            chunk = idx[start : start + batch_size]
+            out.append((chunk, width, min(batch_size, 1 << (len(chunk) - 1).bit_length())))
+    return out
+
+
+def pad_rows(rows: list[list[int]], width: int, num_rows: int, eos_id: int, pad_id: int):
+    """``(ids [R, width] int32, mask [R, width] bool)``: each row's tokens then ``</s>``; missing rows repeat
+    the first (their results are dropped)."""
+    ids = np.full((num_rows, width), pad_id, np.int32)
+    mask = np.zeros((num_rows, width), bool)
+    for r in range(num_rows):
+        toks = rows[r] if r < len(rows) else rows[0]
+        ids[r, : len(toks)] = toks
+        ids[r, len(toks)] = eos_id
+        mask[r, : len(toks) + 1] = True
+    return ids, mask
+
+
+def _token_strings(vocab, ids: Sequence[int]) -> list[str]:
+    """One display string per target id (the word itself for word-level vocabularies)."""
+    if getattr(vocab, "word_level", False):
+        return [vocab.tokens[i] for i in ids]
+    return [vocab.decode([i]) or "?" for i in ids]
+
+
+def translate_sentences(
+    loaded: LoadedModel,
+    sentences: Sequence[str],
+    *,
+    beam_size: int = 12,
+    alpha: float = 0.6,
+    beta: float = 0.0,
+    nbest: int = 1,
+    batch_size: int = 32,
+    max_length_ratio: float = 2.0,
+    max_length_offset: int = 10,
+    replace_unk: bool = False,
+) -> list[list[Translation]]:
+    """Beam-search translations of ``sentences``: for each, its ``nbest`` best hypotheses, best first.
+
+    Sentences are sorted by length and batched at a few padded widths (:func:`length_batches`), each source
+    ending in ``</s>`` as in training. Each sentence may produce ``⌊ratio · (n + 1)⌋ + offset`` tokens. A blank
+    sentence gets one empty hypothesis (score 0) without decoding.
+
+    Args:
+      loaded: the model and vocabularies (:func:`load_model`).
+      sentences: source sentences, whitespace-tokenised like the training corpus.
+      beam_size, alpha, beta: beam size and GNMT's length-normalisation / coverage-penalty weights.
+      nbest: hypotheses returned per sentence (``<= beam_size``).
+      batch_size: sentences per decoding batch.
+      max_length_ratio, max_length_offset: the output length limit.
+      replace_unk: replace a produced ``<unk>`` with the most-attended source token (word-level vocabularies
+        and models with attention only; otherwise ``<unk>`` stays).
+
+    Returns:
+      ``len(sentences)`` lists of :class:`Translation`.
+    """
+    from attn_jax.decoding import beam_search
+
+    if not 1 <= nbest <= beam_size:
+        raise TranslateError(f"--nbest must be between 1 and the beam size {beam_size}, got {nbest}")
+    if batch_size < 1:
+        raise TranslateError(f"batch size must be >= 1, got {batch_size}")
+    src_vocab, tgt_vocab = loaded.src_vocab, loaded.tgt_vocab
+    word_level = getattr(src_vocab, "word_level", False) and getattr(tgt_vocab, "word_level", False)
+    encoded = [src_vocab.encode(s) for s in sentences]
+    if word_level:
+        source_tokens = [s.split() for s in sentences]
+    else:
+        source_tokens = [_token_strings(src_vocab, ids) for ids in encoded]
+    results: list[list[Translation]] = [[] for _ in sentences]
+    todo = [i for i, ids in enumerate(encoded) if ids]
+    for i in range(len(sentences)):
+        if not encoded[i]:
+            results[i] = [Translation("", [], [], 0.0, 0.0, None, [])]
+    lengths = [len(encoded[i]) + 1 for i in todo]
+    for chunk, width, rows in length_batches(lengths, batch_size):
+        members = [todo[c] for c in chunk]
+        src, mask = pad_rows([encoded[i] for i in members], width, rows, src_vocab.eos_id, src_vocab.pad_id)
+        try:
+            out = beam_search(
+                loaded.model,
+                src,
+                mask,
+                beam_size=beam_size,
+                num_return=nbest,
+                max_length_ratio=max_length_ratio,
+                max_length_offset=max_length_offset,
+                length_penalty_alpha=alpha,
+                coverage_penalty_beta=beta,
+                bos_id=tgt_vocab.bos_id,
+                eos_id=tgt_vocab.eos_id,
+                pad_id=tgt_vocab.pad_id,
+            )
+        except ValueError as e:
+            raise TranslateError(str(e).splitlines()[0]) from None
+        tokens, lens = np.asarray(out.tokens), np.asarray(out.lengths)
+        scores, log_probs = np.asarray(out.scores), np.asarray(out.log_probs)
+        attention = None if out.attention is None else np.asarray(out.attention)
+        for r, i in enumerate(members):
+            n = len(encoded[i])
+            hyps = []
+            for k in range(nbest):
+                length = int(lens[r, k])
+                if length == 0:  # an empty n-best slot (too few hypotheses fit the length limit)
+                    continue
+                ids = [int(t) for t in tokens[r, k, : length - 1]]
+                words = _token_strings(tgt_vocab, ids)
+                attn = None if attention is None else attention[r, k, :length, : n + 1]
+                if replace_unk and word_level and attn is not None:
+                    words = [
+                        source_tokens[i][int(np.argmax(attn[j, :n]))] if t == tgt_vocab.unk_id else w
+                        for j, (t, w) in enumerate(zip(ids, words, strict=True))
+                    ]
+                text = " ".join(words) if word_level else tgt_vocab.decode(ids)
+                hyps.append(
+                    Translation(
+                        text,
+                        words,
+                        ids,
+                        float(scores[r, k]),
+                        float(log_probs[r, k]),
+                        attn,
+                        source_tokens[i],
+                    )
+                )
+            results[i] = hyps
+    return results
+
+
+# -------------------------------------------------------------------------------------------------- CLI
+
+
+def add_translate_parser(subparsers) -> argparse.ArgumentParser:
+    """Add the ``translate`` subcommand to an ``argparse`` subparsers object; its handler is :func:`run_translate`."""
+    p = subparsers.add_parser(
+        "translate",
+        help="translate sentences with a trained run (beam search), optionally with alignments",
+        description=__doc__.split("\n\n")[0],
+        epilog=(
+            "Output: one line per input line (blank in, blank out); --nbest K: K Moses n-best lines "
+            "'i ||| text ||| score ||| log_prob' per input; --alignment pharaoh appends ' ||| i-j ...' "
+            "(source i, target j, 0-based); --alignment json writes one JSON object per input line. <unk> is "
+            "passed through unless --replace-unk copies the most-attended source word. Exit status: 0 done, "
+            "1 missing run/checkpoint or empty input, 2 bad flag."
+        ),
+    )
+    p.add_argument("--workdir", required=True, metavar="DIR", help="the training run's directory")
+    p.add_argument("--input", default="-", metavar="FILE", help="source sentences, one a line ('-': stdin)")
+    p.add_argument("--output", default="-", metavar="FILE", help="where to write ('-': stdout)")
+    p.add_argument(
+        "--beam", type=int, default=12, metavar="K", help="beam size (default: %(default)s; 1: greedy)"
+    )
+    p.add_argument(
+        "--alpha", type=float, default=0.6, help="GNMT length-normalisation weight α (default: %(default)s)"
+    )
+    p.add_argument(
+        "--beta", type=float, default=0.0, help="GNMT coverage-penalty weight β (default: %(default)s)"
+    )
+    p.add_argument("--nbest", type=int, default=1, metavar="N", help="write the N best (Moses n-best format)")
+    p.add_argument(
+        "--alignment", choices=("pharaoh", "json"), default=None, help="also write attention alignments"
+    )
+    p.add_argument(
+        "--checkpoint",
+        type=parse_checkpoint,
+        default="best",
+        metavar="best|last|STEP",
+        help="which checkpoint (default: %(default)s = lowest validation loss)",
+    )
+    p.add_argument(
+        "--replace-unk",
+        action="store_true",
+        help="replace a produced <unk> by the most-attended source word (Luong et al. 2015)",
+    )
+    p.add_argument(
+        "--batch-size", type=int, default=32, help="sentences per decoding batch (default: %(default)s)"
+    )
+    p.add_argument(
+        "--max-length-ratio",
+        type=float,
+        default=2.0,
+        help="output limit: ratio · source tokens + offset (default: %(default)s)",
+    )
+    p.add_argument("--max-length-offset", type=int, default=10, help="(default: %(default)s)")
+    p.set_defaults(func=run_translate)
+    return p
+
+
+def quiet_checkpoint_logs() -> None:
+    """Silence orbax's read-only-directory warnings on stderr (the CLI's stderr carries only its own errors)."""
+    try:
+        from absl import logging as absl_logging
+    except ImportError:  # pragma: no cover - absl comes with orbax
+        return
+    absl_logging.set_verbosity(absl_logging.ERROR)
+
+
+def _error(message: str, status: int = 1) -> int:
+    print(f"attn-jax translate: error: {' '.join(str(message).split())}", file=sys.stderr)
+    return status
+
+
+def _read_lines(path: str) -> list[str]:
+    """Lines of ``path`` (``-``: stdin), stripped, without a byte-order mark."""
+    try:
+        if path == "-":
+            text = sys.stdin.read()
+        else:
+            with open(path, encoding="utf-8") as f:
+                text = f.read()
+    except FileNotFoundError:
+        raise TranslateError(f"{path}: no such file") from None
+    except UnicodeDecodeError as e:
+        raise TranslateError(
+            f"{path}: invalid UTF-8 (byte {e.object[e.start]:#04x} at offset {e.start})"
+        ) from None
+    except OSError as e:
+        raise TranslateError(f"{path}: {e.strerror or e}") from None
+    text = text.removeprefix("\ufeff")
+    lines = [line.strip() for line in text.splitlines()]
+    if not any(lines):
+        raise TranslateError(f"{'stdin' if path == '-' else path}: no sentences to translate (empty input)")
+    return lines
+
+
+def _finite(x: float) -> float | None:
+    return x if math.isfinite(x) else None
+
+
+def format_translations(
+    index: int, source: str, hyps: list[Translation], *, nbest: bool, alignment: str | None
+) -> list[str]:
+    """The output lines for one input sentence (see the module docstring for the formats)."""
+    if alignment == "json":
+        obj = {
+            "index": index,
+            "source": source,
+            "translation": hyps[0].text if hyps else "",
+            "hypotheses": [
+                {
+                    "translation": h.text,
+                    "tokens": h.tokens,
+                    "score": _finite(h.score),
+                    "log_prob": _finite(h.log_prob),
+                    "alignment": h.alignment(),
+                    "attention": None if h.attention is None else np.round(h.attention, 6).tolist(),
+                }
+                for h in hyps
+            ],
+        }
+        return [json.dumps(obj, ensure_ascii=False, allow_nan=False)]
+    if not nbest:
+        h = hyps[0] if hyps else Translation("", [], [], 0.0, 0.0, None, [])
+        return [h.text if alignment is None else f"{h.text} ||| {h.alignment()}"]
+    lines = []
+    for h in hyps:
+        fields = [str(index), h.text, f"{h.score:.6f}", f"{h.log_prob:.6f}"]
+        if alignment == "pharaoh":
+            fields.append(h.alignment())
+        lines.append(" ||| ".join(fields))
+    return lines
+
+
+def run_translate(args: argparse.Namespace) -> int:
+    """Run ``attn-jax translate`` with parsed arguments; returns the exit status."""
+    if args.beam < 1:
+        return _error(f"--beam must be >= 1, got {args.beam}", 2)
+    if not 1 <= args.nbest <= args.beam:
+        return _error(f"--nbest must be between 1 and --beam {args.beam}, got {args.nbest}", 2)
+    for flag, value in (("--alpha", args.alpha), ("--beta", args.beta)):
+        if not (math.isfinite(value) and value >= 0):
+            return _error(f"{flag} must be a finite number >= 0, got {value}", 2)
+    if args.batch_size < 1:
+        return _error(f"--batch-size must be >= 1, got {args.batch_size}", 2)
+    quiet_checkpoint_logs()
+    try:
+        lines = _read_lines(args.input)
+        loaded = load_model(args.workdir, args.checkpoint)
+        results = translate_sentences(
+            loaded,
+            lines,
+            beam_size=args.beam,
+            alpha=args.alpha,
+            beta=args.beta,
+            nbest=args.nbest,
+            batch_size=args.batch_size,
+            max_length_ratio=args.max_length_ratio,
+            max_length_offset=args.max_length_offset,
+            replace_unk=args.replace_unk,
+        )
+    except TranslateError as e:
+        return _error(e)
+    out = [
+        line
+        for i, (source, hyps) in enumerate(zip(lines, results, strict=True))
+        for line in format_translations(i, source, hyps, nbest=args.nbest > 1, alignment=args.alignment)
+    ]
+    text = "".join(line + "\n" for line in out)
+    if args.output == "-":
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    else:
+        try:
+            os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
+            with open(args.output, "w", encoding="utf-8") as f:
+                f.write(text)
+        except OSError as e:
+            return _error(f"{args.output}: cannot write: {e.strerror or e}")
+    return 0

@@ -1,0 +1,155 @@
+"""``attn-jax evaluate`` / ``evaluate_workdir``: files and tables agree with sacreBLEU on the written sentences,
+AER with the teacher-forced attention, PNG heatmaps are valid, errors are one line."""
+
+import json
+import math
+import os
+import struct
+
+import numpy as np
+import pytest
+import sacrebleu
+
+from attn_jax.cli import main
+from attn_jax.cli_evaluate import evaluate_workdir, load_split, select_examples
+from attn_jax.cli_translate import load_model
+from tests.test_cli_translate import make_run
+
+
+@pytest.fixture(scope="module")
+def evaluated(tmp_path_factory):
+    run = make_run(tmp_path_factory.mktemp("run"))
+    out = tmp_path_factory.mktemp("eval")
+    result = evaluate_workdir(run, split="test", beam_size=2, max_examples=9, out_dir=out, num_heatmaps=2)
+    return run, str(out), result
+
+
+def _lines(path):
+    with open(path, encoding="utf-8") as f:
+        return f.read().splitlines()
+
+
+def test_select_examples_spreads_over_length_buckets():
+    sources = ["w " * n for n in (3, 4, 12, 13, 25, 70, 71, 5)]
+    assert select_examples(sources, None) == list(range(8))
+    assert select_examples(sources, 4) == [0, 2, 4, 5]  # one from each non-empty bucket, corpus order
+    assert select_examples(sources, 6) == [0, 1, 2, 3, 4, 5]
+
+
+def test_bleu_files_and_tables_agree_with_sacrebleu(evaluated):
+    run, out, r = evaluated
+    hyps = _lines(os.path.join(out, "hypotheses.txt"))
+    refs = _lines(os.path.join(out, "references.txt"))
+    srcs = _lines(os.path.join(out, "sources.txt"))
+    assert len(hyps) == len(refs) == len(srcs) == r["num_sentences"] == 9
+    # The sentences are the generated test split's, and the hypotheses are the model's beam-2 translations.
+    corpus = load_split(load_model(run).config, "test")
+    assert all(s in corpus.sources for s in srcs)
+    assert {len(s.split()) // 10 for s in srcs} >= {0, 1, 2, 3, 4, 5}  # spread over the buckets
+    expected = sacrebleu.corpus_bleu(hyps, [refs])
+    assert r["bleu"] == pytest.approx(expected.score, rel=1e-9, abs=1e-9)
+    summary = json.load(open(os.path.join(out, "summary.json")))
+    assert summary[r["system"]]["bleu"]["bleu"] == pytest.approx(expected.score, rel=1e-9, abs=1e-9)
+    assert r["signature"].startswith("nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:")
+    by_len = json.load(open(os.path.join(out, "bleu_by_length.json")))
+    for row in by_len["rows"][:-1]:
+        lo, _, hi = row["bucket"].partition("-")
+        lo, hi = int(lo.rstrip("+")), (int(hi) if hi else math.inf)
+        keep = [i for i, s in enumerate(srcs) if lo <= len(s.split()) <= hi]
+        assert row["sentences"][r["system"]] == len(keep)
+        if keep:
+            want = sacrebleu.corpus_bleu([hyps[i] for i in keep], [[refs[i] for i in keep]]).score
+            assert row["bleu"][r["system"]] == pytest.approx(want, rel=1e-9, abs=1e-9)
+        else:
+            assert row["bleu"][r["system"]] is None
+    md = open(os.path.join(out, "bleu_by_length.md")).read()
+    assert f"| all | 9 | {expected.score:.2f} |" in md and "sacreBLEU: nrefs:1" in md
+    assert "BLEU (No UNK)" in open(os.path.join(out, "summary.md")).read()
+    full = json.load(open(os.path.join(out, "evaluation.json")))
+    assert full["bleu"] == r["bleu"] and full["step"] == 1 and full["options"]["beam_size"] == 2
+    # No UNK: the sentences whose source and reference map to no <unk> in the run's vocabularies.
+    loaded = load_model(run)
+    keep = [
+        i
+        for i in range(9)
+        if 3 not in loaded.src_vocab.encode(srcs[i]) and 3 not in loaded.tgt_vocab.encode(refs[i])
+    ]
+    assert r["no_unk"]["sentences"] == len(keep)
+
+
+def test_aer_uses_teacher_forced_attention_on_the_reference(evaluated):
+    """alignments.txt = argmax of the model's attention reading the reference (recomputed unbatched here);
+    AER = the hand count against the corpus' gold links."""
+    run, out, r = evaluated
+    loaded = load_model(run)
+    srcs = _lines(os.path.join(out, "sources.txt"))
+    refs = _lines(os.path.join(out, "references.txt"))
+    links = _lines(os.path.join(out, "alignments.txt"))
+    corpus = load_split(loaded.config, "test")
+    gold = {s: a for s, a in zip(corpus.sources, corpus.alignments, strict=True)}
+    sv, tv = loaded.src_vocab, loaded.tgt_vocab
+    k = max(range(9), key=lambda i: len(srcs[i].split()))  # the longest: the widest padding in the batch
+    src = np.asarray([[*sv.encode(srcs[k]), sv.eos_id]], np.int32)
+    tgt_in = np.asarray([[tv.bos_id, *tv.encode(refs[k])]], np.int32)
+    _, w = loaded.model(src, np.ones_like(src, bool), tgt_in)
+    w = np.asarray(w[0])[: len(refs[k].split()), : len(srcs[k].split())]
+    want = " ".join(f"{i}-{j}" for i, j in sorted((int(np.argmax(w[j])), j) for j in range(w.shape[0])))
+    assert links[k] == want
+    hits = hyp = ref = 0
+    for s, a in zip(srcs, links, strict=True):
+        h = {tuple(map(int, x.split("-"))) for x in a.split()}
+        g = {tuple(map(int, x.split("-"))) for x in gold[s].split()}
+        hits, hyp, ref = hits + len(h & g), hyp + len(h), ref + len(g)
+    assert r["aer"]["aer"] == pytest.approx(1 - 2 * hits / (hyp + ref), abs=1e-12)
+
+
+def _png_size(path):
+    with open(path, "rb") as f:
+        head = f.read(24)
+    assert head[:8] == b"\x89PNG\r\n\x1a\n" and head[12:16] == b"IHDR"
+    return struct.unpack(">II", head[16:24])
+
+
+def test_heatmaps_are_valid_pngs_of_the_right_size(evaluated):
+    from attn_jax.eval import attention_figsize
+
+    _, out, r = evaluated
+    srcs = _lines(os.path.join(out, "sources.txt"))
+    refs = _lines(os.path.join(out, "references.txt"))
+    # Heatmap 0: the longest sentence of at most 40 source words.
+    longest = max((s for s in srcs if len(s.split()) <= 40), key=lambda s: len(s.split()))
+    k = srcs.index(longest)
+    w, h = _png_size(os.path.join(out, "attention_0_reference.png"))
+    fw, fh = attention_figsize(len(longest.split()) + 1, len(refs[k].split()) + 1)
+    assert (w, h) == (round(fw * 100), round(fh * 100))
+    hyp_words = _lines(os.path.join(out, "hypotheses.txt"))[k].split()
+    w, h = _png_size(os.path.join(out, "attention_0.png"))
+    fw, fh = attention_figsize(len(longest.split()) + 1, len(hyp_words) + 1)
+    assert (w, h) == (round(fw * 100), round(fh * 100))
+    for name in ("attention_1.png", "attention_1_reference.png", "bleu_by_length.png"):
+        assert _png_size(os.path.join(out, name)) > (0, 0)
+    assert "![attention_0.png](attention_0.png)" in open(os.path.join(out, "evaluation.md")).read()
+
+
+def test_cli_prints_tables_and_fails_in_one_line(evaluated, tmp_path, capsys):
+    run, _, r = evaluated
+    out = tmp_path / "cli"
+    status = main(["evaluate", "--workdir", run, "--beam", "2", "--max-examples", "9", "--out", str(out)])
+    printed, err = capsys.readouterr()
+    assert status == 0, err
+    assert "| source length | sentences | RNNsearch |" in printed and "| 60+ |" in printed
+    assert f"BLEU = {r['bleu']:.2f} (9 sentences; nrefs:1|" in printed
+    assert "AER = " in printed and "BLEU (No UNK)" in printed
+    assert _lines(out / "hypotheses.txt") == _lines(os.path.join(evaluated[1], "hypotheses.txt"))
+
+    for argv, fragment in (
+        (["--workdir", str(tmp_path / "missing")], "no such run directory"),
+        (["--workdir", str(tmp_path)], "no checkpoint"),
+        (["--workdir", run, "--split", "nosuchsplit"], "nosuchsplit"),
+    ):
+        status = main(["evaluate", *argv])
+        _, err = capsys.readouterr()
+        lines = [line for line in err.splitlines() if line.strip()]
+        assert status == 1 and len(lines) == 1 and lines[0].startswith("attn-jax evaluate: error: "), err
+        assert fragment in lines[0]
+    assert main(["evaluate", "--workdir", run, "--max-examples", "0"]) == 2
