@@ -15,29 +15,17 @@ pairs held in memory by the reader: cap it with --config.data.max_train_examples
 number of updates (about 5 days per model on one GPU): 300,000 updates of 80 sentences here is our choice.
 
 Expected: the paper reports test BLEU 21.50 (all sentences) / 31.44 (no UNK) on newstest2014 (Table 1) after ~5 days on a
-2015 GPU; BLEU needs decoding (beam search), which this trainer does not do — it reports validation loss,
-perplexity and attention diagnostics. Runtime: days on one GPU; not runnable on a CPU.
+2015 GPU; the trainer reports validation loss, perplexity and attention diagnostics; BLEU
+comes from `attn-jax evaluate --workdir runs/X --split test` (beam search). Runtime: days on one GPU; not runnable on a CPU.
 Smoke variant (`:smoke`): the same architecture and optimiser at tiny sizes on 300 generated pairs of the
 built-in corpus, 30 updates, ~30 s on a CPU, mostly compilation (no WMT needed).
 """
 
-from attn_jax.train import default_config, smoke_config
+from attn_jax.train import paper_config, smoke_config
 
 
 def get_config(arg: str | None = None):
-    c = default_config()
-    c.seed = 0
-    c.num_train_steps = 300_000
-    c.log_every = 100
-    c.eval_every = 5_000
-    c.checkpoint_every = 5_000
-    c.keep_checkpoints = 3
-    c.model.update(arch="rnnsearch", scorer="additive", embed=620, hidden=1000, maxout=500, align=1000)
-    c.optimizer.update(name="adadelta", learning_rate=1.0, rho=0.95, eps=1e-6, clip_norm=1.0)
-    c.data.update(corpus="tfds", tfds_name="wmt14_translate/fr-en", source_key="en", target_key="fr")
-    c.data.update(train_split="train", eval_split="validation", src_vocab_size=30_000, tgt_vocab_size=30_000)
-    c.data.update(max_source_length=30, max_target_length=30, batch_size=80, eval_batch_size=80)
-    c.data.bucket_boundaries = (16, 24, 32)
+    c = paper_config("rnnsearch", max_length=30)
     if arg == "smoke":
         return smoke_config(c)
     if arg is not None:

@@ -20,6 +20,7 @@ from attn_jax.train._config import (
     load_config,
     model_config,
     optimizer_config,
+    paper_config,
     smoke_config,
 )
 from attn_jax.train._diagnostics import DIAG_BAND, AttentionStats, attention_stats, summarize_attention
@@ -82,6 +83,7 @@ __all__ = [
     "make_schedule",
     "model_config",
     "optimizer_config",
+    "paper_config",
     "param_count",
     "read_metrics",
     "sentence_losses",

@@ -400,6 +400,34 @@ def check_config(config: ml_collections.ConfigDict) -> None:
     model_config(config, src_vocab=8, tgt_vocab=8)
 
 
+def paper_config(arch: str, max_length: int) -> ml_collections.ConfigDict:
+    """The settings Bahdanau et al. (2015) share across RNNencdec-30/50 and RNNsearch-30/50 (section 4, appendix B).
+
+    Paper sizes (embedding 620, hidden 1000, maxout 500, alignment 1000), WMT'14 English→French through TFDS,
+    30,000-word shortlists, pairs of at most ``max_length`` words, minibatches of 80, Adadelta (ρ 0.95, ε 1e-6)
+    with gradient-norm clipping at 1. The four ``configs/rnn{enc,search}{30,50}.py`` presets differ only in
+    ``arch`` and ``max_length``.
+    """
+    c = default_config()
+    c.seed = 0
+    c.num_train_steps = 300_000
+    c.log_every = 100
+    c.eval_every = 5_000
+    c.checkpoint_every = 5_000
+    c.keep_checkpoints = 3
+    c.model.update(arch=arch, scorer="additive", embed=620, hidden=1000, maxout=500, align=1000)
+    c.optimizer.update(name="adadelta", learning_rate=1.0, rho=0.95, eps=1e-6, clip_norm=1.0)
+    c.data.update(corpus="tfds", tfds_name="wmt14_translate/fr-en", source_key="en", target_key="fr")
+    c.data.update(train_split="train", eval_split="validation", src_vocab_size=30_000, tgt_vocab_size=30_000)
+    c.data.update(
+        max_source_length=max_length, max_target_length=max_length, batch_size=80, eval_batch_size=80
+    )
+    # Buckets up to the first one that holds max_length words plus </s>.
+    bounds = (16, 24, 32, 48, 64, 96, 128)
+    c.data.bucket_boundaries = bounds[: next(i for i, b in enumerate(bounds) if b >= max_length + 1) + 1]
+    return c
+
+
 def smoke_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     """``config`` shrunk to a run of seconds on a CPU: the same architecture, scorer and optimiser, tiny sizes,
     30 updates on 300 short generated pairs of the built-in corpus (one batch shape), validation and checkpoints
