@@ -1,0 +1,217 @@
+"""Bahdanau, Cho & Bengio (2015) at CPU scale: RNNenc vs RNNsearch on the built-in corpus, one report.
+
+    python experiments/bahdanau2015/run.py                    # CPU preset -> runs/demo/report.md
+    python experiments/bahdanau2015/run.py --smoke --out /tmp/b15   # ~1-2 min: tiny configs, same report
+    python experiments/bahdanau2015/run.py --preset paper     # prints the full-size WMT'14 commands, trains nothing
+
+Trains RNNenc (configs/rnnenc_cpu.py) and RNNsearch (configs/rnnsearch_cpu.py) with the same budget (the two
+configs share sizes, data, optimiser and number of updates), evaluates both on the test split with beam search
+(``attn_jax.cli_evaluate.evaluate_workdir``) and writes ``<out>/report.md``: BLEU by source length (the paper's
+Figure 2) as a table and a plot, overall BLEU / No-UNK BLEU / AER (Table 1), three RNNsearch attention heatmaps of
+long test sentences (Figure 3), the exact configs, seeds, package versions, the machine and wall times.
+
+Only calls the library: no model, training or scoring code lives here. Each run's directory
+(``<out>/rnnenc_cpu``, ``<out>/rnnsearch_cpu``) is deleted and retrained on every call.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import json
+import os
+import platform
+import shutil
+import sys
+import time
+from collections.abc import Sequence
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SYSTEMS = (("RNNenc", "rnnenc_cpu"), ("RNNsearch", "rnnsearch_cpu"))
+PACKAGES = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "sacrebleu", "numpy", "attn-jax")
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+PAPER_COMMANDS = """\
+# Full-size Bahdanau et al. (2015) on WMT'14 English->French: for an accelerator (days per model on one GPU),
+# not for a CPU. Prepare the TFDS wmt14_translate/fr-en data once on a machine with internet
+# (attn_jax/data/README.md), then:
+attn-jax train --config configs/rnnenc50.py    --workdir runs/rnnenc50
+attn-jax train --config configs/rnnsearch50.py --workdir runs/rnnsearch50
+attn-jax evaluate --workdir runs/rnnenc50    --split test --beam 12
+attn-jax evaluate --workdir runs/rnnsearch50 --split test --beam 12
+# (RNNencdec-30 / RNNsearch-30: the same with configs/rnnenc30.py and configs/rnnsearch30.py;
+#  after a preemption add --resume to the train command.)
+# Paper, Table 1 (newstest2014, all / no UNK): RNNencdec-50 17.82 / 26.71, RNNsearch-50 26.75 / 34.16.
+"""
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", default="runs/demo", help="output directory (default: %(default)s)")
+    p.add_argument("--smoke", action="store_true", help="the configs' :smoke variants (seconds per model)")
+    p.add_argument(
+        "--preset", choices=("cpu", "paper"), default="cpu", help="cpu: train here; paper: print commands"
+    )
+    p.add_argument("--beam", type=int, default=None, help="beam size (default: 4; 2 with --smoke)")
+    p.add_argument(
+        "--max-examples",
+        type=int,
+        default=None,
+        help="test pairs evaluated, spread over length buckets (default: 140; 7 with --smoke, one per bucket)",
+    )
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="config override applied to both models (e.g. --set num_train_steps=3000); repeatable",
+    )
+    return p.parse_args(argv)
+
+
+def package_versions() -> dict[str, str]:
+    out = {"python": platform.python_version()}
+    for name in PACKAGES:
+        try:
+            out[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            out[name] = "not installed"
+    return out
+
+
+def machine() -> dict[str, str]:
+    import jax
+
+    return {
+        "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+        "cpu_count": str(os.cpu_count()),
+        "jax_backend": jax.default_backend(),
+        "jax_devices": ", ".join(str(d) for d in jax.devices()),
+    }
+
+
+def _fmt_s(seconds: float) -> str:
+    m, s = divmod(seconds, 60)
+    return f"{seconds:.1f} s ({int(m)}m{s:04.1f}s)"
+
+
+def _rel(path: str, start: str) -> str:
+    return os.path.relpath(path, start).replace(os.sep, "/")
+
+
+def run_experiment(args: argparse.Namespace) -> str:
+    """Train, evaluate and report; returns the path of report.md."""
+    from attn_jax import eval as ev
+    from attn_jax.cli_evaluate import evaluate_workdir
+    from attn_jax.cli_translate import quiet_checkpoint_logs
+    from attn_jax.train import apply_overrides, flatten_config, load_config, train_and_evaluate
+
+    quiet_checkpoint_logs()
+    beam = args.beam if args.beam is not None else (2 if args.smoke else 4)
+    max_examples = args.max_examples if args.max_examples is not None else (7 if args.smoke else 140)
+    out = os.path.abspath(args.out)
+    os.makedirs(out, exist_ok=True)
+    t_start = time.perf_counter()
+
+    runs = {}
+    for system, name in SYSTEMS:
+        spec = os.path.join(REPO, "configs", f"{name}.py") + (":smoke" if args.smoke else "")
+        config = apply_overrides(load_config(spec), args.set)
+        workdir = os.path.join(out, name)
+        shutil.rmtree(workdir, ignore_errors=True)
+        print(f"== {system}: training {spec} -> {workdir}", flush=True)
+        t0 = time.perf_counter()
+        trained = train_and_evaluate(config, workdir, tty=False)
+        train_s = time.perf_counter() - t0
+        print(f"== {system}: evaluating (test split, beam {beam}, at most {max_examples} pairs)", flush=True)
+        t0 = time.perf_counter()
+        result = evaluate_workdir(
+            workdir, split="test", beam_size=beam, max_examples=max_examples, name=system, log=print
+        )
+        eval_s = time.perf_counter() - t0
+        runs[system] = {
+            "spec": os.path.relpath(spec, REPO),
+            "config": config,
+            "workdir": workdir,
+            "trained": trained,
+            "eval": result,
+            "train_s": train_s,
+            "eval_s": eval_s,
+        }
+
+    by_length = {s: r["eval"]["bleu_by_length_result"] for s, r in runs.items()}
+    scores = {s: r["eval"]["system_scores"] for s, r in runs.items()}
+    plot = ev.plot_bleu_by_length(
+        by_length, os.path.join(out, "bleu_by_length.png"), title="BLEU by source sentence length (test)"
+    )
+    search = runs["RNNsearch"]["eval"]["files"]
+    heatmaps = [search[f"attention_{k}.png"] for k in range(3) if f"attention_{k}.png" in search]
+    total_s = time.perf_counter() - t_start
+
+    md = [
+        "# Bahdanau et al. (2015) at CPU scale: RNNenc vs RNNsearch\n",
+        f"Preset: {'cpu, smoke configs' if args.smoke else 'cpu'}. Both models trained with the same budget, "
+        f"evaluated on the test split with beam {beam} on at most {max_examples} pairs "
+        "spread over the source-length buckets.\n",
+        "## BLEU by source sentence length (Figure 2)\n",
+        ev.bleu_by_length_markdown(by_length),
+        f"![BLEU by length]({_rel(plot, out)})\n",
+        "## Overall BLEU, No-UNK BLEU, AER (Table 1)\n",
+        ev.summary_markdown(scores),
+        "AER: RNNenc has no attention, so it has no alignment to score.\n",
+        "## RNNsearch attention on long test sentences (Figure 3)\n",
+    ]
+    md += [f"![{os.path.basename(h)}]({_rel(h, out)})\n" for h in heatmaps] or ["(no heatmap was written)\n"]
+    md += [
+        "## Wall times\n",
+        "| system | train | evaluate | best step | last step |",
+        "|---|---|---|---|---|",
+    ]
+    for s, r in runs.items():
+        t = r["trained"]
+        md.append(f"| {s} | {_fmt_s(r['train_s'])} | {_fmt_s(r['eval_s'])} | {t.best_step} | {t.step} |")
+    md += ["", f"Total (train + evaluate both + report): {_fmt_s(total_s)}.\n", "## Seeds\n"]
+    for s, r in runs.items():
+        c = r["config"]
+        md.append(
+            f"- {s}: `seed={c.seed}`, corpus `{c.data.corpus}/{c.data.synthetic}`, `data.synthetic_spec.seed={c.data.synthetic_spec.seed}`"
+        )
+    md += ["", "## Configs\n"]
+    if args.set:
+        md.append("Overrides applied to both: " + ", ".join(f"`{o}`" for o in args.set) + "\n")
+    for s, r in runs.items():
+        flat = {k: (list(v) if isinstance(v, tuple) else v) for k, v in flatten_config(r["config"]).items()}
+        md += [
+            f"### {s} (`{r['spec']}`)\n",
+            "```json",
+            json.dumps(flat, indent=1, sort_keys=True, default=str),
+            "```\n",
+        ]
+    md += ["## Versions\n", "| package | version |", "|---|---|"]
+    md += [f"| {k} | {v} |" for k, v in package_versions().items()]
+    md += ["", "## Machine\n", "| | |", "|---|---|"]
+    md += [f"| {k} | {v} |" for k, v in machine().items()]
+    md += ["", "## Files\n"]
+    md += [
+        f"- {s}: run `{_rel(r['workdir'], out)}/`, evaluation `{_rel(os.path.dirname(r['eval']['files']['evaluation.json']), out)}/`"
+        for s, r in runs.items()
+    ]
+    report = os.path.join(out, "report.md")
+    with open(report, "w", encoding="utf-8") as f:
+        f.write("\n".join(md) + "\n")
+    return report
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.preset == "paper":
+        print(PAPER_COMMANDS, end="")
+        return 0
+    report = run_experiment(args)
+    print(f"report written to {report}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

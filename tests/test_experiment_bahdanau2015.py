@@ -1,0 +1,105 @@
+"""experiments/bahdanau2015/run.py: the smoke run trains both systems and writes a report with every section filled."""
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RUN = os.path.join(REPO, "experiments", "bahdanau2015", "run.py")
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+SECTIONS = (
+    "## BLEU by source sentence length",
+    "## Overall BLEU, No-UNK BLEU, AER",
+    "## RNNsearch attention on long test sentences",
+    "## Wall times",
+    "## Seeds",
+    "## Configs",
+    "## Versions",
+    "## Machine",
+    "## Files",
+)
+
+
+def _is_png(path):
+    with open(path, "rb") as f:
+        return f.read(8) == PNG_MAGIC
+
+
+def test_paper_preset_prints_commands_without_training(tmp_path):
+    p = subprocess.run(
+        [sys.executable, RUN, "--preset", "paper", "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert p.returncode == 0, p.stderr
+    assert "configs/rnnenc50.py" in p.stdout and "configs/rnnsearch50.py" in p.stdout
+    assert "accelerator" in p.stdout
+    assert not os.path.exists(tmp_path / "report.md")
+
+
+@pytest.mark.slow
+def test_smoke_run_writes_a_complete_report(tmp_path):
+    out = tmp_path / "demo"
+    p = subprocess.run(
+        [sys.executable, RUN, "--smoke", "--out", str(out)], capture_output=True, text=True, timeout=600
+    )
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    report = out / "report.md"
+    assert f"report written to {report}" in p.stdout
+    text = report.read_text(encoding="utf-8")
+
+    positions = [text.find(s) for s in SECTIONS]
+    assert all(i >= 0 for i in positions), [s for s, i in zip(SECTIONS, positions, strict=True) if i < 0]
+    assert positions == sorted(positions)
+    sections = dict(zip(SECTIONS, re.split(r"\n## ", text)[1:], strict=True))
+
+    # Both systems' columns in the BLEU-by-length table, one row per paper bucket plus "all".
+    by_length = sections["## BLEU by source sentence length"]
+    assert re.search(r"^\| source length \| sentences \| RNNenc \| RNNsearch \|$", by_length, re.M)
+    rows = re.findall(r"^\| (0-9|10-19|20-29|30-39|40-49|50-59|60\+|all) \|", by_length, re.M)
+    assert rows == ["0-9", "10-19", "20-29", "30-39", "40-49", "50-59", "60+", "all"]
+    all_row = re.search(r"^\| all \| (\d+) \| ([\d.]+) \| ([\d.]+) \|$", by_length, re.M)
+    assert all_row and int(all_row.group(1)) == 7
+
+    # Summary: both systems; RNNsearch has an AER number, RNNenc (no attention) does not.
+    summary = sections["## Overall BLEU, No-UNK BLEU, AER"]
+    enc = re.search(r"^\| RNNenc \| ([\d.]+) \|.*$", summary, re.M)
+    search = re.search(
+        r"^\| RNNsearch \| ([\d.]+) \|.*\| ([\d.]+) \| ([\d.]+) \| ([\d.]+) \|$", summary, re.M
+    )
+    assert enc and search
+    assert 0.0 <= float(search.group(2)) <= 100.0
+
+    # Every linked picture exists and is a PNG: the BLEU-by-length plot and three RNNsearch heatmaps.
+    links = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", text)
+    assert "bleu_by_length.png" in links
+    heatmaps = re.findall(
+        r"!\[[^\]]*\]\(([^)]+)\)", sections["## RNNsearch attention on long test sentences"]
+    )
+    assert len(heatmaps) == 3 and all("rnnsearch" in h and "attention_" in h for h in heatmaps)
+    for link in links:
+        assert _is_png(out / link), link
+
+    # Wall times: a positive number of seconds for both systems' training and evaluation.
+    times = sections["## Wall times"]
+    for system in ("RNNenc", "RNNsearch"):
+        m = re.search(rf"^\| {system} \| ([\d.]+) s .*\| ([\d.]+) s .*\| 30 \| 30 \|$", times, re.M)
+        assert m and float(m.group(1)) > 0 and float(m.group(2)) > 0, system
+
+    # Seeds, configs (the smoke sizes), versions and machine.
+    assert sections["## Seeds"].count("`seed=0`") == 2
+    configs = sections["## Configs"]
+    assert '"model.arch": "rnnenc"' in configs and '"model.arch": "rnnsearch"' in configs
+    assert configs.count('"num_train_steps": 30') == 2 and configs.count('"model.hidden": 24') == 2
+    versions = sections["## Versions"]
+    for package in ("python", "jax", "flax", "optax", "orbax-checkpoint", "sacrebleu"):
+        m = re.search(rf"^\| {re.escape(package)} \| (\S+) \|$", versions, re.M)
+        assert m and m.group(1) != "not" and m.group(1)[0].isdigit(), package
+    machine = sections["## Machine"]
+    assert re.search(rf"^\| cpu_count \| {os.cpu_count()} \|$", machine, re.M)
+    assert re.search(r"^\| platform \| \S+", machine, re.M)
+    assert "rnnenc_cpu/" in sections["## Files"] and "rnnsearch_cpu/eval/test/" in sections["## Files"]
