@@ -1,6 +1,6 @@
 # Two commands do everything on a fresh machine with only Python:
 #   make demo   – bootstrap .venv, install attn-jax with its extras, run the main job
-#                 (for now: the attention showcase, then RNNsearch trained on the built-in corpus and evaluated)
+#                 (the attention showcase, then experiments/bahdanau2015: RNNenc vs RNNsearch -> runs/demo/report.md)
 #   make test   – the same bootstrap, then the test suite
 PYTHON ?= python3
 VENV   := .venv
@@ -10,8 +10,11 @@ EXTRAS ?= all,dev
 # Two workers on CI's two cores; a file's tests stay on one worker so module fixtures (trained runs) build once.
 PYTEST_ARGS ?= -n auto --dist loadfile
 DEMO_DIR ?= runs/demo
+# PRESET=paper prints the full-size WMT'14 commands (for an accelerator) instead of training here.
+PRESET ?= cpu
+DEMO_ARGS ?=
 
-.PHONY: demo test lint bench clean install
+.PHONY: demo test lint clean install
 
 install: $(STAMP)
 
@@ -22,10 +25,7 @@ $(STAMP): pyproject.toml
 
 demo: $(STAMP)
 	$(BIN)/python experiments/showcase.py
-	rm -rf $(DEMO_DIR)/rnnsearch_cpu
-	$(BIN)/attn-jax train --config configs/rnnsearch_cpu.py --workdir $(DEMO_DIR)/rnnsearch_cpu
-	$(BIN)/attn-jax evaluate --workdir $(DEMO_DIR)/rnnsearch_cpu --split test --max-examples 70 --beam 4
-	@echo "demo done: training metrics in $(DEMO_DIR)/rnnsearch_cpu/metrics.jsonl, evaluation in $(DEMO_DIR)/rnnsearch_cpu/eval/test"
+	$(BIN)/python experiments/bahdanau2015/run.py --out $(DEMO_DIR) --preset $(PRESET) $(DEMO_ARGS)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
