@@ -1,5 +1,5 @@
-"""RNNenc (Cho et al. 2014, the paper's RNNencdec baseline) at CPU size on the built-in corpus: rnnsearch_cpu's
-twin without attention, so the two loss curves can be compared.
+"""RNNenc (Cho et al. 2014, the paper's RNNencdec baseline) at CPU size on the built-in corpus, the other half of
+the `make demo` run: rnnsearch_cpu's twin without attention, so the two can be compared.
 
     attn-jax train --config configs/rnnenc_cpu.py --workdir runs/rnnenc_cpu
     attn-jax train --config configs/rnnenc_cpu.py:smoke --workdir /tmp/smoke_enc      # ~30 s on a CPU, mostly compiling

@@ -1,4 +1,4 @@
-"""RNNsearch (Bahdanau et al. 2015) at CPU size on the built-in synthetic corpus — the `make demo` run.
+"""RNNsearch (Bahdanau et al. 2015) at CPU size on the built-in synthetic corpus — one half of the `make demo` run.
 
     attn-jax train --config configs/rnnsearch_cpu.py --workdir runs/rnnsearch_cpu
     attn-jax train --config configs/rnnsearch_cpu.py:smoke --workdir /tmp/smoke      # ~30 s on a CPU, mostly compiling

@@ -1,4 +1,4 @@
-"""A one-minute showcase of attn_jax's additive attention (what `make demo` runs until the main job lands).
+"""A twenty-second showcase of attn_jax's additive attention: the first thing `make demo` runs.
 
 Learns Bahdanau attention that *reverses* a padded batch of toy "sentences": target position i must read source
 position len-1-i, found by matching the query against the backward half of bidirectional-style annotations. Only the attention parameters are trained (optax Adam, 300 steps), then the learned alignment of
@@ -95,7 +95,7 @@ def main() -> None:
         print(heatmap(w[b], n))
     print(f"\nrow sums over the source axis: {np.round(w.sum(-1)[0, : lengths[0]], 6).tolist()}")
     print(
-        f"done in {time.perf_counter() - start:.1f}s. The paper's experiment (RNNenc vs RNNsearch) is the main job to come."
+        f"done in {time.perf_counter() - start:.1f}s. Next: the paper's experiment, RNNenc vs RNNsearch (experiments/bahdanau2015)."
     )
 
 
