@@ -52,7 +52,7 @@ from attn_jax.cli_translate import (
 
 __all__ = ["add_evaluate_parser", "evaluate_workdir", "load_split", "run_evaluate"]
 
-_SYSTEM_NAMES = {"rnnsearch": "RNNsearch", "rnnenc": "RNNenc"}
+_SYSTEM_NAMES = {"rnnsearch": "RNNsearch", "rnnenc": "RNNenc", "gnmt": "GNMT", "transformer": "Transformer"}
 
 
 def load_split(config, split: str, *, test_per_bucket: int | None = None):

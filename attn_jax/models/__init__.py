@@ -1,6 +1,8 @@
-"""Translation models behind one decoding-step interface: RNNsearch (Bahdanau 2015), RNNenc (Cho 2014).
+"""Translation models behind one decoding-step interface: RNNsearch (Bahdanau 2015), RNNenc (Cho 2014), GNMT
+(Wu et al. 2016).
 
-``build_model(config, rngs=...)`` turns an :class:`RNNConfig` (see ``presets``) into a model; every model
+``build_model(config, rngs=...)`` turns a model config (:class:`RNNConfig`, see ``presets``, or
+:class:`GNMTConfig`) into a model; every model
 implements ``encode`` / ``init_decoder_state`` / ``decode_step`` / ``__call__`` of
 :mod:`attn_jax.models.interface`. Models import only ``attn_jax.nn`` and ``attn_jax.attention`` (never optax,
 data or checkpoint code).
@@ -10,6 +12,7 @@ from __future__ import annotations
 
 from flax import nnx
 
+from attn_jax.models.gnmt import GNMT, GNMTConfig, GNMTDecoderState, gnmt_cpu_config, gnmt_wmt14_config
 from attn_jax.models.interface import (
     EncoderOutput,
     RNNDecoderState,
@@ -24,7 +27,11 @@ from attn_jax.models.rnnsearch import RNNsearch
 __all__ = [
     "ARCHS",
     "SCORERS",
+    "GNMT",
     "EncoderOutput",
+    "GNMTConfig",
+    "GNMTDecoderState",
+    "ModelConfig",
     "RNNConfig",
     "RNNDecoderState",
     "RNNenc",
@@ -32,18 +39,26 @@ __all__ = [
     "Seq2SeqModel",
     "build_model",
     "gather_batch",
+    "gnmt_cpu_config",
+    "gnmt_wmt14_config",
     "paper_config",
     "repeat_batch",
     "small_config",
 ]
 
 
-def build_model(config: RNNConfig, *, rngs: nnx.Rngs) -> RNNsearch | RNNenc:
-    """The model ``config.arch`` names, initialised from ``rngs``.
+ModelConfig = RNNConfig | GNMTConfig
+"""Any model config :func:`build_model` accepts (frozen dataclasses: hashable, usable as static jit args)."""
+
+
+def build_model(config: ModelConfig, *, rngs: nnx.Rngs) -> RNNsearch | RNNenc | GNMT:
+    """The model ``config`` describes (its type, then ``config.arch``), initialised from ``rngs``.
 
     >>> build_model(small_config("rnnenc", src_vocab=10, tgt_vocab=10), rngs=nnx.Rngs(0)).__class__.__name__
     'RNNenc'
     """
+    if isinstance(config, GNMTConfig):
+        return GNMT(config, rngs=rngs)
     if config.arch == "rnnsearch":
         return RNNsearch(config, rngs=rngs)
     if config.arch == "rnnenc":

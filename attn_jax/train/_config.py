@@ -17,9 +17,12 @@ NLL per token; ``async_checkpoints`` (True) — orbax writes in the background.
 ``tensorboard`` (True) — TensorBoard event files beside ``metrics.jsonl``.
 ``label_smoothing`` (0.0) — ``ε`` of the training loss.
 ``mixed_precision`` (False) — bfloat16 compute; parameters and optimiser state stay float32.
-``model.*`` — the fields of :class:`attn_jax.models.RNNConfig` except the vocabulary sizes (taken from the
-built vocabularies) and the dtypes (``mixed_precision``): ``arch``, ``embed``, ``hidden``, ``maxout``,
-``align``, ``scorer``, ``input_feeding``, ``local_window``.
+``model.arch`` picks the model and with it the other ``model.*`` keys: the fields of its config class except the
+vocabulary sizes (taken from the built vocabularies) and the dtypes (``mixed_precision``). ``rnnsearch`` /
+``rnnenc`` (:class:`attn_jax.models.RNNConfig`): ``embed``, ``hidden``, ``maxout``, ``align``, ``scorer``,
+``input_feeding``, ``local_window``; ``gnmt`` (:class:`attn_jax.models.GNMTConfig`): ``embed``, ``hidden``,
+``encoder_layers``, ``decoder_layers``, ``residual_start``, ``attention``, ``align``, ``pipeline_stages``.
+A config file for another architecture starts from ``default_config(arch)``.
 ``optimizer.*`` — the fields of :class:`attn_jax.train.OptimizerConfig` (default: the paper's Adadelta).
 ``data.corpus`` — ``synthetic`` (the built-in corpus), ``tfds``, ``plain`` or ``tsv``; then
 ``data.synthetic`` (``tiny``/``small``/``default``, or ``custom`` = ``data.synthetic_spec``: ``train_size``,
@@ -47,7 +50,7 @@ from typing import Any
 import ml_collections
 
 from attn_jax.data import AttnJaxSynthetic, BatchConfig, SyntheticSpec
-from attn_jax.models import RNNConfig
+from attn_jax.models import GNMTConfig, ModelConfig, RNNConfig
 from attn_jax.train._optim import OptimizerConfig
 
 __all__ = [
@@ -58,6 +61,7 @@ __all__ = [
     "default_config",
     "flatten_config",
     "load_config",
+    "model_defaults",
     "model_config",
     "optimizer_config",
     "smoke_config",
@@ -66,6 +70,8 @@ __all__ = [
 
 CORPORA = ("synthetic", "tfds", "plain", "tsv")
 _MODEL_EXCLUDED = ("src_vocab", "tgt_vocab", "param_dtype", "dtype")
+# model.arch -> the config class whose fields are the other model.* keys.
+MODEL_CLASSES: dict[str, type] = {"rnnsearch": RNNConfig, "rnnenc": RNNConfig, "gnmt": GNMTConfig}
 # The built-in corpus' named configs (the TFDS builder's), so that generating in memory gives the TFDS pairs.
 _SYNTHETIC_NAMED = {c.name: c.spec for c in AttnJaxSynthetic.BUILDER_CONFIGS}
 
@@ -74,11 +80,29 @@ class ConfigError(ValueError):
     """A config cannot be loaded, overridden or used; the message is one line and names the key or file."""
 
 
-def default_config() -> ml_collections.ConfigDict:
-    """The full schema with defaults (the paper's RNNsearch sizes and optimiser, on the built-in corpus).
+def model_defaults(arch: str) -> ml_collections.ConfigDict:
+    """The ``model`` group for ``arch``: ``arch`` plus the fields of its config class, with their defaults.
+
+    >>> sorted(model_defaults("gnmt"))[:3]
+    ['align', 'arch', 'attention']
+    """
+    if arch not in MODEL_CLASSES:
+        raise ConfigError(f"model.arch must be one of {', '.join(MODEL_CLASSES)}; got {arch!r}")
+    fields = {
+        f.name: f.default for f in dataclasses.fields(MODEL_CLASSES[arch]) if f.name not in _MODEL_EXCLUDED
+    }
+    fields["arch"] = arch
+    return ml_collections.ConfigDict(fields)
+
+
+def default_config(arch: str = "rnnsearch") -> ml_collections.ConfigDict:
+    """The full schema with defaults (the paper's RNNsearch sizes and optimiser, on the built-in corpus); the
+    ``model`` group holds the fields of ``arch`` (:func:`model_defaults`).
 
     >>> default_config().optimizer.rho
     0.95
+    >>> default_config("gnmt").model.encoder_layers
+    8
     """
     c = ml_collections.ConfigDict()
     c.seed = 0
@@ -92,9 +116,7 @@ def default_config() -> ml_collections.ConfigDict:
     c.tensorboard = True
     c.label_smoothing = 0.0
     c.mixed_precision = False
-    c.model = ml_collections.ConfigDict(
-        {f.name: f.default for f in dataclasses.fields(RNNConfig) if f.name not in _MODEL_EXCLUDED}
-    )
+    c.model = model_defaults(arch)
     c.optimizer = ml_collections.ConfigDict(dataclasses.asdict(OptimizerConfig()))
     spec = _SYNTHETIC_NAMED["small"]
     c.data = ml_collections.ConfigDict(
@@ -184,8 +206,16 @@ def load_config(spec: str) -> ml_collections.ConfigDict:
     return config
 
 
+def _schema(config: ml_collections.ConfigDict, source: str) -> ml_collections.ConfigDict:
+    """The defaults of ``config``'s architecture (``model.arch``), i.e. the keys it must have."""
+    arch = config.get("model", {}).get("arch", "rnnsearch")
+    if arch not in MODEL_CLASSES:
+        raise ConfigError(f"{source}: model.arch must be one of {', '.join(MODEL_CLASSES)}; got {arch!r}")
+    return default_config(arch)
+
+
 def _check_keys(config: ml_collections.ConfigDict, source: str) -> None:
-    schema, keys = flatten_config(default_config()), flatten_config(config)
+    schema, keys = flatten_config(_schema(config, source)), flatten_config(config)
     for key in keys:
         if key not in schema:
             raise ConfigError(f"{source}: unknown config key {key!r}{_suggest(key, schema)}")
@@ -293,15 +323,22 @@ def synthetic_spec(data: ml_collections.ConfigDict) -> SyntheticSpec:
         raise ConfigError(f"data.synthetic_spec: {e}") from None
 
 
-def model_config(config: ml_collections.ConfigDict, src_vocab: int, tgt_vocab: int) -> RNNConfig:
-    """The model's :class:`RNNConfig`: ``config.model`` plus vocabulary sizes and the mixed-precision dtype."""
+def model_config(config: ml_collections.ConfigDict, src_vocab: int, tgt_vocab: int) -> ModelConfig:
+    """The model's config object (``model.arch``'s class): ``config.model`` plus vocabulary sizes and the
+    mixed-precision dtype."""
+    fields = config.model.to_dict()
+    cls = MODEL_CLASSES.get(fields.get("arch"))
+    if cls is None:
+        raise ConfigError(f"model.arch must be one of {', '.join(MODEL_CLASSES)}; got {fields.get('arch')!r}")
+    if "arch" not in {f.name for f in dataclasses.fields(cls)}:
+        fields.pop("arch")
     try:
-        return RNNConfig(
+        return cls(
             src_vocab=src_vocab,
             tgt_vocab=tgt_vocab,
             param_dtype="float32",
             dtype="bfloat16" if config.mixed_precision else "float32",
-            **config.model.to_dict(),
+            **fields,
         )
     except (ValueError, TypeError) as e:
         raise ConfigError(str(e)) from None
@@ -359,7 +396,7 @@ def _same_kind(value: Any, old: Any) -> bool:
 def check_config(config: ml_collections.ConfigDict) -> None:
     """Validate every field (keys, types, values) without loading data; raises :class:`ConfigError`."""
     _check_keys(config, source="config")
-    schema = flatten_config(default_config())
+    schema = flatten_config(_schema(config, "config"))
     for key, value in flatten_config(config).items():
         if not _same_kind(value, schema[key]):
             raise ConfigError(f"config key {key!r} must be {type(schema[key]).__name__}, got {value!r}")
@@ -439,7 +476,8 @@ def smoke_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict
     """
     c = ml_collections.ConfigDict(config.to_dict())
     c.num_train_steps, c.log_every, c.eval_every, c.checkpoint_every = 30, 5, 10, 10
-    c.model.update(embed=16, hidden=24, maxout=16, align=16)
+    tiny = dict(embed=16, hidden=24, maxout=16, align=16, encoder_layers=3, decoder_layers=3)
+    c.model.update({k: v for k, v in tiny.items() if k in c.model})
     c.optimizer.update(warmup_steps=0)
     if c.optimizer.decay in ("cosine", "linear"):
         c.optimizer.decay_steps = c.num_train_steps

@@ -260,7 +260,7 @@ def train_and_evaluate(
             json.dump(config_dict, f, indent=2, sort_keys=True)
         m = step_cfg.model
         logger.log(
-            f"model: {m.arch} (scorer {m.scorer}) with {param_count(m):,} parameters, vocabularies "
+            f"model: {m.arch} (attention {getattr(m, 'scorer', getattr(m, 'attention', None))}) with {param_count(m):,} parameters, vocabularies "
             f"{m.src_vocab:,} / {m.tgt_vocab:,}, compute {m.dtype}; data: {inputs.train_pairs:,} training pairs "
             f"in {len(inputs.train.plan.shapes)} batch shapes {inputs.train.plan.shapes}, "
             f"{inputs.validation_pairs:,} validation pairs; optimizer {step_cfg.optimizer.name}"

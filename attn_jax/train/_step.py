@@ -21,7 +21,7 @@ import optax
 from flax import nnx
 
 from attn_jax.data import Batch
-from attn_jax.models import RNNConfig, build_model
+from attn_jax.models import ModelConfig, build_model
 from attn_jax.train._diagnostics import AttentionStats, attention_stats
 from attn_jax.train._loss import LossSums, loss_sums
 from attn_jax.train._optim import OptimizerConfig, make_optimizer, make_schedule
@@ -52,7 +52,7 @@ class StepConfig:
       label_smoothing: ``ε`` of the training loss (validation reports it too, and always the plain NLL).
     """
 
-    model: RNNConfig
+    model: ModelConfig
     optimizer: OptimizerConfig = OptimizerConfig()
     label_smoothing: float = 0.0
 
@@ -91,25 +91,25 @@ class EvalMetrics(NamedTuple):
 
 
 @functools.lru_cache(maxsize=32)
-def _graphdef(model: RNNConfig) -> nnx.GraphDef:
+def _graphdef(model: ModelConfig) -> nnx.GraphDef:
     """The module structure for ``model``, without allocating parameters."""
     abstract = nnx.eval_shape(lambda: build_model(model, rngs=nnx.Rngs(0)))
     return nnx.split(abstract)[0]
 
 
-def build_module(model: RNNConfig, params: dict) -> nnx.Module:
+def build_module(model: ModelConfig, params: dict) -> nnx.Module:
     """The NNX model for ``model`` holding ``params`` (a pure dict, as in :class:`TrainState`)."""
     return nnx.merge(_graphdef(model), params)
 
 
-def param_count(model: RNNConfig) -> int:
+def param_count(model: ModelConfig) -> int:
     """Number of scalar parameters of the model (no allocation)."""
     abstract = nnx.eval_shape(lambda: build_model(model, rngs=nnx.Rngs(0)))
     return sum(int(x.size) for x in jax.tree.leaves(nnx.state(abstract, nnx.Param)))
 
 
 @functools.partial(jax.jit, static_argnames="model")
-def init_params(model: RNNConfig, key: jax.Array) -> dict:
+def init_params(model: ModelConfig, key: jax.Array) -> dict:
     """Fresh parameters of ``model`` from the PRNG ``key`` (as ``nnx.Rngs(key)``), as a plain nested dict.
 
     Jitted: one compiled program instead of one dispatch (and compilation) per initializer, which on a CPU is
