@@ -15,6 +15,11 @@ MODULES = [
     "attn_jax.attention._luong",
     "attn_jax.attention._local",
     "attn_jax.models.interface",
+    "attn_jax.nn.lstm",
+    "attn_jax.parallel._mesh",
+    "attn_jax.parallel._rules",
+    "attn_jax.parallel._pipeline",
+    "attn_jax.train._config",
 ]
 
 

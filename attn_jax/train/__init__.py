@@ -19,6 +19,7 @@ from attn_jax.train._config import (
     flatten_config,
     load_config,
     model_config,
+    model_defaults,
     optimizer_config,
     paper_config,
     smoke_config,
@@ -29,6 +30,13 @@ from attn_jax.train._loop import TrainingDiverged, TrainResult, evaluate, train_
 from attn_jax.train._loss import LossSums, loss_sums, sentence_losses, token_cross_entropy
 from attn_jax.train._metrics import MetricsLogger, read_metrics
 from attn_jax.train._optim import OptimizerConfig, make_optimizer, make_schedule
+from attn_jax.train._sharded import (
+    abstract_sharded_state,
+    make_sharded_train_step,
+    model_param_shardings,
+    shard_train_state,
+    train_state_shardings,
+)
 from attn_jax.train._step import (
     EvalMetrics,
     StepConfig,
@@ -45,6 +53,11 @@ from attn_jax.train._step import (
 from attn_jax.train._tensorboard import EventWriter
 
 __all__ = [
+    "abstract_sharded_state",
+    "make_sharded_train_step",
+    "model_param_shardings",
+    "shard_train_state",
+    "train_state_shardings",
     "BEST_METRIC",
     "DIAG_BAND",
     "AttentionStats",
@@ -82,6 +95,7 @@ __all__ = [
     "make_optimizer",
     "make_schedule",
     "model_config",
+    "model_defaults",
     "optimizer_config",
     "paper_config",
     "param_count",

@@ -1,0 +1,136 @@
+"""The train step on a device mesh: :func:`attn_jax.train.train_step` under ``jax.jit`` with named shardings.
+
+Nothing about the objective or the optimiser changes: the sharded step *calls* the single-device
+:func:`~attn_jax.train._step.train_step` (a nested ``jax.jit`` is inlined into the outer program), and the outer
+``jax.jit`` pins only where things live: the state as the logical-axis rules say (parameters by their NNX
+metadata, optimiser moments like their parameters, scalars and the PRNG key replicated), the batch split over
+``data``, the metrics replicated. The compiler (``AxisType.Auto`` mesh axes) partitions everything in between
+and inserts the collectives: an all-reduce of the gradients under data parallelism, all-gathers of small
+activations and all-reduces of partial sums under tensor parallelism. The old state's buffers are donated.
+
+    mesh = make_mesh(data=2, model=4)
+    rules = rules_for("data+tensor")
+    step = make_sharded_train_step(step_config, mesh, rules)
+    state = shard_train_state(init_train_state(step_config, seed), step_config, mesh, rules)
+    state, metrics = step(state, batch)
+
+A checkpoint written under one mesh restores onto another through :func:`abstract_sharded_state` (orbax reads
+each array straight into the target shardings).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding
+
+from attn_jax.models import ModelConfig, build_model
+from attn_jax.parallel import DEFAULT_RULES, Rules, batch_sharding, param_shardings, replicated
+from attn_jax.train import _step
+from attn_jax.train._optim import make_optimizer
+from attn_jax.train._step import StepConfig, TrainMetrics, TrainState
+
+__all__ = [
+    "abstract_sharded_state",
+    "make_sharded_train_step",
+    "model_param_shardings",
+    "shard_train_state",
+    "train_state_shardings",
+]
+
+
+def model_param_shardings(
+    model: ModelConfig, mesh: Mesh, rules: Rules = DEFAULT_RULES, *, strict: bool = False
+) -> dict:
+    """A ``NamedSharding`` per parameter of ``model`` (the structure of ``TrainState.params``), from the
+    logical axis names the model annotates its ``nnx.Param``s with (no parameter is allocated)."""
+    abstract = nnx.eval_shape(lambda: build_model(model, rngs=nnx.Rngs(0)))
+    return param_shardings(nnx.state(abstract, nnx.Param), mesh, rules, strict=strict)
+
+
+def _abstract_state(config: StepConfig) -> TrainState:
+    return jax.eval_shape(functools.partial(_step.init_train_state, config), jnp.zeros((), jnp.int32))
+
+
+def train_state_shardings(
+    config: StepConfig, mesh: Mesh, rules: Rules = DEFAULT_RULES, *, strict: bool = False
+) -> TrainState:
+    """A :class:`TrainState` of ``NamedSharding``s: parameters by the rules, each optimiser moment like its
+    parameter (``optax.tree_map_params``), every other leaf (step, counts, the PRNG key) replicated."""
+    hashable = tuple((name, tuple(axes) if isinstance(axes, list) else axes) for name, axes in rules)
+    return _state_shardings(config, mesh, hashable, strict)
+
+
+@functools.lru_cache(maxsize=16)
+def _state_shardings(config: StepConfig, mesh: Mesh, rules: Rules, strict: bool) -> TrainState:
+    params = model_param_shardings(config.model, mesh, rules, strict=strict)
+    tx = make_optimizer(config.optimizer)
+    opt_state = optax.tree_map_params(
+        tx,
+        lambda _, sharding: sharding,
+        _abstract_state(config).opt_state,
+        params,
+        transform_non_params=lambda _: replicated(mesh),
+        is_leaf=lambda x: isinstance(x, NamedSharding),
+    )
+    return TrainState(step=replicated(mesh), params=params, opt_state=opt_state, rng=replicated(mesh))
+
+
+def shard_train_state(
+    state: TrainState, config: StepConfig, mesh: Mesh, rules: Rules = DEFAULT_RULES, *, strict: bool = False
+) -> TrainState:
+    """``state`` placed on ``mesh`` as :func:`train_state_shardings` says (``jax.device_put``; a state already
+    sharded differently is resharded)."""
+    return jax.device_put(state, train_state_shardings(config, mesh, rules, strict=strict))
+
+
+def abstract_sharded_state(
+    config: StepConfig, mesh: Mesh, rules: Rules = DEFAULT_RULES, *, strict: bool = False
+) -> TrainState:
+    """The train state's ``jax.ShapeDtypeStruct``s carrying their target shardings on ``mesh``.
+
+    The restore target of an orbax checkpoint onto any mesh (the one it was written on or another):
+    ``CheckpointManager.restore(step, args=ocp.args.StandardRestore(abstract_sharded_state(cfg, mesh, rules)))``.
+    """
+    shardings = train_state_shardings(config, mesh, rules, strict=strict)
+    return jax.tree.map(
+        lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), _abstract_state(config), shardings
+    )
+
+
+def make_sharded_train_step(
+    config: StepConfig, mesh: Mesh, rules: Rules = DEFAULT_RULES, *, strict: bool = False
+):
+    """``step(state, batch) -> (state, metrics)``: :func:`~attn_jax.train.train_step` compiled for ``mesh``.
+
+    ``jax.jit(..., in_shardings=(state, batch), out_shardings=(state, replicated metrics), donate_argnums=0)``:
+    the state must already be laid out as :func:`train_state_shardings` says (use :func:`shard_train_state`);
+    every batch array is split over its leading axis as ``rules`` map ``batch`` (so the batch size must be a
+    multiple of that mesh axis). The loss, gradients and update are those of the single-device step, up to
+    float32 reduction order.
+
+    Args:
+      config: the static step configuration (model, optimiser, label smoothing).
+      mesh: the device mesh (:func:`attn_jax.parallel.make_mesh`).
+      rules: the logical-axis rule table (:func:`attn_jax.parallel.rules_for`).
+      strict: raise instead of replicating parameter dims not divisible by their mesh axes.
+
+    Returns:
+      The jitted step (``.lower(state, batch)`` works for inspecting the compiled program).
+    """
+    state_shardings = train_state_shardings(config, mesh, rules, strict=strict)
+    metrics_sharding = replicated(mesh)  # a prefix: every metric leaf
+
+    def sharded_train_step(state: TrainState, batch) -> tuple[TrainState, TrainMetrics]:
+        return _step.train_step(state, batch, config)
+
+    return jax.jit(
+        sharded_train_step,
+        in_shardings=(state_shardings, batch_sharding(mesh, rules)),
+        out_shardings=(state_shardings, metrics_sharding),
+        donate_argnums=0,
+    )
