@@ -11,7 +11,9 @@ from attn_jax.attention._additive import (
     init_additive_params,
     project_keys,
 )
+from attn_jax.attention._chunked import chunked_dot_product_attention
 from attn_jax.attention._dot_product import dot_product_attention, dot_product_scores
+from attn_jax.attention._fused_additive import fused_additive_scores
 from attn_jax.attention._local import (
     init_local_p_params,
     local_attention,
@@ -64,6 +66,7 @@ __all__ = [
     "additive_scores",
     "init_additive_params",
     "project_keys",
+    "fused_additive_scores",
     # Luong
     "concat_scores",
     "dot_scores",
@@ -81,6 +84,7 @@ __all__ = [
     # dot-product and multi-head
     "dot_product_attention",
     "dot_product_scores",
+    "chunked_dot_product_attention",
     "init_multi_head_params",
     "merge_heads",
     "multi_head_attention",

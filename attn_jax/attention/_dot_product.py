@@ -8,19 +8,24 @@ masked softmax over the source axis, context accumulated in float32 and returned
 from __future__ import annotations
 
 import math
+from typing import Literal
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
 from attn_jax.attention._checks import (
     check_broadcastable,
     check_floating,
-    check_mask,
     check_min_rank,
     shape_str,
 )
+from attn_jax.attention._chunked import _check_inputs, chunked_dot_product_attention
+from attn_jax.attention._masks import make_causal_mask
 from attn_jax.attention._softmax import attend
 from attn_jax.typing import Array, Bool, Float
+
+Implementation = Literal["xla", "chunked", "cudnn"]
 
 
 def _check_qk(query, keys) -> tuple[int, ...]:
@@ -88,6 +93,8 @@ def dot_product_attention(
     bias: Float[Array, "... T S"] | None = None,
     scale: float | None = None,
     return_weights: bool = False,
+    causal: bool = False,
+    implementation: Implementation | None = None,
 ) -> Float[Array, "... T Kv"] | tuple[Float[Array, "... T Kv"], Float[Array, "... T S"]]:
     r"""Scaled dot-product attention ``softmax(QKᵀ/√K + bias) V`` with a boolean mask.
 
@@ -99,6 +106,21 @@ def dot_product_attention(
     ``flax.nnx.dot_product_attention`` instead return the uniform average of *all* values for such a row.)
     Heads are a leading batch axis: ``[B, H, T, K]``.
 
+    Three implementations compute the same function:
+
+    * ``"xla"`` — the plain path: the ``[..., T, S]`` logits and weights in float32; the reference the others
+      are tested against, and the only one that can ``return_weights``;
+    * ``"chunked"`` — :func:`chunked_dot_product_attention`: FlashAttention-style blocks in pure JAX, memory
+      ``O((T + S)·K)`` instead of ``O(T·S)`` per head; first-order reverse mode only, static ``scale``;
+    * ``"cudnn"`` — ``jax.nn.dot_product_attention(implementation="cudnn")`` (cuDNN flash attention) on a
+      CUDA GPU, for bfloat16/float16 with ``Kv == K``, ``K`` a multiple of 8 (≤ 128, ≤ 256 from Hopper on);
+      the weights are rounded to the input dtype before multiplying the values, so it agrees with ``"xla"``
+      to that dtype's precision. Fully masked rows are zeroed to keep this function's policy.
+
+    ``None`` picks: ``"xla"`` when ``return_weights``; else ``"cudnn"`` when it applies with no mask and no
+    bias (a boolean mask would be expanded to a ``[.., T, S]`` bias for cuDNN); else ``"chunked"`` when one
+    head's logits would hold at least ``4096 × 4096`` entries and ``scale`` is static; else ``"xla"``.
+
     Args:
       query: ``[..., T, K]``.
       key: ``[..., S, K]``.
@@ -107,7 +129,10 @@ def dot_product_attention(
       bias: additive float bias broadcastable to ``[..., T, S]`` (relative positions, ALiBi), added to the
         scaled logits in float32 before masking.
       scale: logit multiplier; ``None`` means ``1/√K``.
-      return_weights: also return the float32 weights.
+      return_weights: also return the float32 weights (``"xla"`` only).
+      causal: also mask key ``j > i`` for query ``i``, as ``make_causal_mask(T, S)`` (top-left aligned, like
+        ``jax.nn``'s ``is_causal``); ``"chunked"`` and ``"cudnn"`` skip the masked blocks.
+      implementation: ``"xla"``, ``"chunked"``, ``"cudnn"`` or ``None`` (choose as above).
 
     Returns:
       the context ``[..., T, Kv]`` in ``value``'s dtype, or ``(context, weights [..., T, S] float32)`` when
@@ -115,40 +140,37 @@ def dot_product_attention(
 
     Raises:
       ValueError: mismatched widths or lengths, non-broadcasting batch axes, a mask or bias that does not
-        broadcast to the logits, or a non-boolean mask; the message names the shapes.
+        broadcast to the logits, or a non-boolean mask (the message names the shapes); an unknown
+        ``implementation``, ``return_weights`` with ``"chunked"``/``"cudnn"``, or ``"cudnn"`` where cuDNN
+        does not apply (no CUDA GPU, float32 inputs, ...; the message says why).
 
     >>> q = jnp.array([[1.0, 0.0]]); k = jnp.array([[1.0, 0.0], [0.0, 1.0]]); v = jnp.array([[1.0], [3.0]])
     >>> dot_product_attention(q, k, v, jnp.array([[True, False]]))
     Array([[1.]], dtype=float32)
     """
-    logits_shape = _check_qk(query, key)
-    check_min_rank("value", value, 2)
-    check_floating("value", value)
-    if np.shape(key)[-2] != np.shape(value)[-2]:
-        raise ValueError(
-            "key and value must have the same length S (axis -2): "
-            f"key {shape_str(key)}, value {shape_str(value)}"
+    logits_shape = _check_inputs(query, key, value, mask, bias)
+    if implementation not in (None, "xla", "chunked", "cudnn"):
+        raise ValueError(f"implementation must be 'xla', 'chunked', 'cudnn' or None, got {implementation!r}")
+    if implementation is None:
+        implementation = _choose_implementation(
+            query, key, value, mask, bias, logits_shape, scale=scale, return_weights=return_weights
         )
-    batch = check_broadcastable(
-        ["query batch axes", "key batch axes", "value batch axes"],
-        [np.shape(query)[:-2], np.shape(key)[:-2], np.shape(value)[:-2]],
-    )
-    logits_shape = batch + logits_shape[-2:]
-    check_mask(mask, logits_shape)
-    if bias is not None:
-        check_floating("bias", bias)
-        try:
-            widened = tuple(np.broadcast_shapes(np.shape(bias), logits_shape))
-        except ValueError:
-            widened = None
-        if widened != logits_shape:
-            raise ValueError(
-                f"bias of shape {shape_str(np.shape(bias))} does not broadcast to the attention logits "
-                f"[..., T, S] of shape {shape_str(logits_shape)}"
-            )
+    if implementation != "xla" and return_weights:
+        raise ValueError(
+            f"return_weights=True needs implementation='xla'; {implementation!r} never forms the weights"
+        )
+    if implementation == "chunked":
+        return chunked_dot_product_attention(query, key, value, mask, bias=bias, causal=causal, scale=scale)
+    if implementation == "cudnn":
+        reason = _cudnn_unsupported(query, key, value, bias, logits_shape)
+        if reason is not None:
+            raise ValueError(f"implementation='cudnn' does not apply: {reason}")
+        return _cudnn_attention(query, key, value, mask, bias, logits_shape, scale=scale, causal=causal)
 
-    # The one XLA path. Issue 7 adds `implementation=` ("xla" | "chunked" | "cudnn") and dispatches here;
-    # every other implementation must match this one, which stays the reference.
+    # The plain XLA path: every other implementation must match this one, which stays the reference.
+    if causal:
+        causal_mask = make_causal_mask(logits_shape[-2], logits_shape[-1])
+        mask = causal_mask if mask is None else jnp.logical_and(mask, causal_mask)
     logits = dot_product_scores(query, key, scale=scale)
     if bias is not None:
         logits = logits + jnp.asarray(bias, jnp.float32)
@@ -156,3 +178,86 @@ def dot_product_attention(
     logits = jnp.broadcast_to(logits, logits_shape)
     context, weights = attend(logits, value, mask)
     return (context, weights) if return_weights else context
+
+
+# One head's logits at which None picks "chunked": 64 MiB of float32 logits per head, and the compiled plain
+# backward holds ~4 such [T, S] temporaries (measured with memory_analysis), so B·H = 32 already needs 8 GiB. Below
+# it XLA's fused matmul-softmax beats a loop over small blocks, and the plain path is what jax.nn runs by default.
+_CHUNKED_MIN_LOGITS = 4096 * 4096
+
+
+def _choose_implementation(
+    query, key, value, mask, bias, logits_shape, *, scale, return_weights
+) -> Implementation:
+    """The ``implementation=None`` rule of :func:`dot_product_attention`."""
+    if return_weights:
+        return "xla"
+    if mask is None and bias is None and _cudnn_unsupported(query, key, value, bias, logits_shape) is None:
+        return "cudnn"
+    static_scale = scale is None or isinstance(scale, int | float | np.number)
+    if static_scale and logits_shape[-2] * logits_shape[-1] >= _CHUNKED_MIN_LOGITS:
+        return "chunked"
+    return "xla"
+
+
+def _cuda_device():
+    """The first CUDA device, or None (CPU, TPU, ROCm)."""
+    if jax.default_backend() != "gpu":
+        return None
+    device = jax.devices()[0]
+    return device if "cuda" in getattr(device.client, "platform_version", "").lower() else None
+
+
+def _cudnn_unsupported(query, key, value, bias, logits_shape) -> str | None:
+    """Why cuDNN flash attention cannot run these operands, or None if it can."""
+    device = _cuda_device()
+    if device is None:
+        return f"it needs a CUDA GPU, but JAX's default backend is {jax.default_backend()!r}"
+    dtypes = {jnp.asarray(x).dtype for x in (query, key, value)}
+    if len(dtypes) != 1 or dtypes & {jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)} != dtypes:
+        return f"query, key and value must all be bfloat16 or all float16, got {sorted(map(str, dtypes))}"
+    width, width_v = np.shape(query)[-1], np.shape(value)[-1]
+    if width != width_v:
+        return f"it needs value width Kv == key width K, got Kv {width_v} and K {width}"
+    capability = tuple(int(c) for c in str(getattr(device, "compute_capability", "0.0")).split("."))
+    max_width = 256 if capability >= (9, 0) else 128
+    if width % 8 or width > max_width:
+        return f"the head width K must be a multiple of 8 and at most {max_width}, got {width}"
+    if bias is not None and (logits_shape[-2] % 2 or logits_shape[-1] % 2):
+        return f"with a bias its backward pass needs even T and S, got T {logits_shape[-2]}, S {logits_shape[-1]}"
+    return None
+
+
+def _cudnn_attention(query, key, value, mask, bias, logits_shape, *, scale, causal):
+    """``jax.nn.dot_product_attention(implementation="cudnn")`` on ``[N, T, 1, K]``, fully masked rows zeroed."""
+    batch, (t, s) = logits_shape[:-2], logits_shape[-2:]
+    n = math.prod(batch)
+    width = np.shape(query)[-1]
+
+    def heads_last(x, length):  # [..., L, K] -> [N, L, 1, K]: one "head" per batch element, no transpose
+        return jnp.broadcast_to(x, batch + (length, width)).reshape(n, length, 1, width)
+
+    def per_logit(x):  # a mask or bias -> [1 or N, 1, T, S] (cuDNN wants the full T and S axes)
+        x = jnp.reshape(x, (1,) * (len(logits_shape) - np.ndim(x)) + np.shape(x))
+        if all(d == 1 for d in x.shape[:-2]):
+            return jnp.broadcast_to(x, x.shape[:-2] + (t, s)).reshape(1, 1, t, s)
+        return jnp.broadcast_to(x, logits_shape).reshape(n, 1, t, s)
+
+    dtype = jnp.asarray(query).dtype
+    out = jax.nn.dot_product_attention(
+        heads_last(query, t),
+        heads_last(key, s),
+        heads_last(value, s),
+        bias=None if bias is None else per_logit(jnp.asarray(bias, dtype)),
+        mask=None if mask is None else per_logit(mask),
+        scale=_scale(scale, width),
+        is_causal=causal,
+        implementation="cudnn",
+    ).reshape(batch + (t, width))
+    if mask is not None:  # cuDNN averages all values for a query with no valid key; this library gives 0
+        live = jnp.asarray(mask)
+        if causal:
+            live = jnp.logical_and(live, make_causal_mask(t, s))
+        live = jnp.broadcast_to(live, logits_shape).any(-1)
+        out = jnp.where(live[..., None], out, jnp.zeros((), out.dtype))
+    return out

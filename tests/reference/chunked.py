@@ -1,0 +1,52 @@
+"""float64 loop reference for the gradients of masked scaled dot-product attention (checks the chunked backward)."""
+
+import math
+
+import numpy as np
+
+from tests.reference.masks_dot import causal_mask_ref, dot_attention_ref
+
+
+def _unbroadcast(grad, shape):
+    """Sum ``grad`` over the axes that broadcasting added to or stretched in ``shape``."""
+    grad = grad.sum(axis=tuple(range(grad.ndim - len(shape))))
+    return grad.sum(axis=tuple(a for a, n in enumerate(shape) if n == 1), keepdims=True).reshape(shape)
+
+
+def attention_grads_ref(query, key, value, d_out, mask=None, bias=None, scale=None, causal=False):
+    """``(dq, dk, dv, dbias)`` of ``Σ d_out · attention(q, k, v)`` in float64, one query row at a time.
+
+    The textbook softmax backward, independent of any blocking: for each row ``t`` with weights ``w_t``,
+    ``dP_ts = d_out_t · v_s``, ``dS_ts = w_ts (dP_ts − Σ_s' w_ts' dP_ts')``, then ``dq_t = scale Σ_s dS_ts k_s``,
+    ``dk_s += scale dS_ts q_t``, ``dv_s += w_ts d_out_t``, ``dbias_ts = dS_ts``. Gradients of broadcast operands
+    are summed back to their shapes; ``dbias`` is None without a bias.
+    """
+    q, k, v, g = (np.asarray(x, np.float64) for x in (query, key, value, d_out))
+    T, S, K = q.shape[-2], k.shape[-2], q.shape[-1]
+    scale = 1.0 / math.sqrt(K) if scale is None else scale
+    if causal:
+        c = causal_mask_ref(T, S)
+        mask = c if mask is None else np.logical_and(mask, c)
+    _, w = dot_attention_ref(q, k, v, mask, bias, scale)  # [..., T, S], exact zeros where masked
+    batch = w.shape[:-2]
+    qb, kb, vb = (np.broadcast_to(x, batch + x.shape[-2:]) for x in (q, k, v))
+    gb = np.broadcast_to(g, batch + g.shape[-2:])
+    dq, dk, dv = np.zeros(qb.shape), np.zeros(kb.shape), np.zeros(vb.shape)
+    ds_all = np.zeros(w.shape)
+    for b in np.ndindex(*batch):
+        for t in range(T):
+            dp = [float(np.dot(gb[b + (t,)], vb[b + (s,)])) for s in range(S)]
+            delta = sum(w[b + (t, s)] * dp[s] for s in range(S))
+            for s in range(S):
+                ds = w[b + (t, s)] * (dp[s] - delta)
+                ds_all[b + (t, s)] = ds
+                dq[b + (t,)] += scale * ds * kb[b + (s,)]
+                dk[b + (s,)] += scale * ds * qb[b + (t,)]
+                dv[b + (s,)] += w[b + (t, s)] * gb[b + (t,)]
+    dbias = None if bias is None else _unbroadcast(ds_all, np.shape(bias))
+    return (
+        _unbroadcast(dq, q.shape),
+        _unbroadcast(dk, k.shape),
+        _unbroadcast(dv, v.shape),
+        dbias,
+    )
