@@ -14,6 +14,8 @@ MODULES = [
     "attn_jax.attention._additive",
     "attn_jax.attention._luong",
     "attn_jax.attention._local",
+    "attn_jax.attention._chunked",
+    "attn_jax.attention._fused_additive",
     "attn_jax.models.interface",
     "attn_jax.nn.lstm",
     "attn_jax.parallel._mesh",

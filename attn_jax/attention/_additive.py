@@ -13,7 +13,12 @@ Optional weight normalisation of ``v`` (Salimans & Kingma 2016, as in tf/nmt's `
 params hold a scalar gain ``"g"``, the scorer uses ``v_eff = g · v / ‖v‖``. Whether a bias ``"b"`` is added is
 likewise decided by its presence in the params; :func:`init_additive_params` decides both.
 
-Memory: the tanh argument is materialised as ``[..., T, S, A]`` in float32 (``O(T·S·A)``), as in the paper.
+Memory: by default (``fused=True``) the energies go through
+:func:`attn_jax.attention._fused_additive.fused_additive_scores`, whose backward pass recomputes the tanh, so
+reverse mode keeps no ``[..., T, S, A]`` tensor (nor, in a decoder ``lax.scan``, one ``[B, S, A]`` tensor per
+step). ``fused=False`` selects the plain autodiff of the formula, which saves the float32 ``[..., T, S, A]`` tanh
+for the backward pass; it is the one to use with forward-mode autodiff (``jax.jvp``), which the fused path
+lacks. Both give the same values and gradients up to float32 rounding.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from attn_jax.attention._checks import (
     check_size,
     shape_str,
 )
+from attn_jax.attention._fused_additive import fused_additive_scores
 from attn_jax.attention._softmax import attend
 from attn_jax.typing import Array, Bool, Float, PRNGKeyArray
 
@@ -192,7 +198,11 @@ def _scores_shape(params, query, projected_keys) -> tuple[int, ...]:
 
 
 def additive_scores(
-    params: dict[str, Array], query: Float[Array, "... T Dq"], projected_keys: Float[Array, "... S A"]
+    params: dict[str, Array],
+    query: Float[Array, "... T Dq"],
+    projected_keys: Float[Array, "... S A"],
+    *,
+    fused: bool = True,
 ) -> Float[Array, "... T S"]:
     r"""Additive energies ``e_ij = vᵀ tanh(W_q s_i + W_k h_j + b)`` from pre-projected keys.
 
@@ -200,12 +210,15 @@ def additive_scores(
 
     Bahdanau, Cho & Bengio 2015, appendix A.1.2 (eq. for ``a(s_{i-1}, h_j)``). ``b`` is added if present in
     ``params``; if ``params`` has a gain ``"g"``, ``v`` is replaced by ``g · v / ‖v‖`` (weight normalisation).
-    The tanh argument is formed in float32 as ``[..., T, S, A]``.
+    The tanh argument is formed in float32. With ``fused=True`` (the default) the gradient recomputes the tanh
+    rather than saving the ``[..., T, S, A]`` tensor (:func:`fused_additive_scores`); ``fused=False`` is the
+    plain autodiff of the formula (needed for ``jax.jvp``).
 
     Args:
       params: from :func:`init_additive_params`.
       query: decoder states ``[..., T, Dq]``.
       projected_keys: ``project_keys(params, keys)``, ``[..., S, A]``.
+      fused: use the memory-lean custom-VJP scorer (default) or the plain formula.
 
     Returns:
       float32 energies ``[..., T, S]`` (leading axes broadcast).
@@ -216,6 +229,8 @@ def additive_scores(
     """
     _scores_shape(params, query, projected_keys)
     pq = jnp.einsum("...td,da->...ta", query, params["w_q"], preferred_element_type=jnp.float32)
+    if fused:
+        return fused_additive_scores(pq, projected_keys, _effective_v(params), params.get("b"))
     # [..., T, S, A]: every query against every key.
     pre = pq.astype(jnp.float32)[..., :, None, :] + jnp.asarray(projected_keys, jnp.float32)[..., None, :, :]
     if "b" in params:
@@ -232,6 +247,7 @@ def additive_attention(
     *,
     projected_keys: Float[Array, "... S A"] | None = None,
     return_weights: bool = False,
+    fused: bool = True,
 ) -> Float[Array, "... T Dv"] | tuple[Float[Array, "... T Dv"], Float[Array, "... T S"]]:
     r"""Bahdanau additive attention: score every key, softmax over the source axis, mix the values.
 
@@ -250,6 +266,7 @@ def additive_attention(
       mask: boolean, broadcastable to ``[..., T, S]``; True = may attend.
       projected_keys: ``project_keys(params, keys)`` computed once per sentence, ``[..., S, A]``.
       return_weights: also return the float32 weights.
+      fused: score with the memory-lean custom-VJP scorer (default); see :func:`additive_scores`.
 
     Returns:
       context ``[..., T, Dv]`` in ``values``' dtype, or ``(context, weights [..., T, S])``.
@@ -289,7 +306,7 @@ def additive_attention(
         ["attention logits", "values batch axes"], [logits_shape[:-2], jnp.shape(values)[:-2]]
     )
     check_mask(mask, logits_shape)
-    scores = additive_scores(params, query, projected_keys)
+    scores = additive_scores(params, query, projected_keys, fused=fused)
     context, weights = attend(scores, values, mask)
     return (context, weights) if return_weights else context
 
@@ -300,6 +317,8 @@ def additive_attention_step(
     projected_keys: Float[Array, "... S A"],
     values: Float[Array, "... S Dv"],
     mask: Bool[Array, "... S"] | None = None,
+    *,
+    fused: bool = True,
 ) -> tuple[Float[Array, "... Dv"], Float[Array, "... S"]]:
     r"""One decoder step of additive attention (one query against all keys), for use inside ``lax.scan``.
 
@@ -308,7 +327,8 @@ def additive_attention_step(
 
     Bahdanau et al. 2015, appendix A.1.2: ``projected_keys = project_keys(params, keys)`` is computed once
     outside the scan and only ``W_q s`` is computed per step. Equals :func:`additive_attention` on a length-1
-    target axis.
+    target axis. With ``fused=True`` (the default) the gradient of a scan of steps saves only ``W_q s`` per step
+    (plus the loop-invariant keys), not a ``[B, S, A]`` tanh per step.
 
     Args:
       params: from :func:`init_additive_params`.
@@ -316,6 +336,7 @@ def additive_attention_step(
       projected_keys: ``[..., S, A]`` from :func:`project_keys`.
       values: ``[..., S, Dv]`` (the annotations in the paper).
       mask: boolean, broadcastable to ``[..., S]``; True = may attend.
+      fused: score with the memory-lean custom-VJP scorer (default) or the plain formula.
 
     Returns:
       ``(context [..., Dv], weights [..., S])``: context in ``values``' dtype, float32 weights.
@@ -343,5 +364,6 @@ def additive_attention_step(
         mask,
         projected_keys=projected_keys,
         return_weights=True,
+        fused=fused,
     )
     return context[..., 0, :], weights[..., 0, :]

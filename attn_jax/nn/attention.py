@@ -22,6 +22,9 @@ class AdditiveAttention(nnx.Module):
     """Bahdanau et al. (2015) additive attention ``e_ij = vᵀ tanh(W_q s_i + W_k h_j + b)``; normed with ``normalize``.
 
     ``project_keys`` once per source sentence, then ``step`` (one query, inside a scan) or ``__call__`` (all queries).
+    ``fused=True`` (the default) scores with ``attn_jax.fused_additive_scores``, whose backward recomputes the tanh
+    instead of saving a ``[..., T, S, A]`` tensor (one ``[B, S, A]`` per step of a decoder scan); ``fused=False`` is
+    the plain autodiff of the formula (use it for forward-mode ``jax.jvp``).
     """
 
     def __init__(
@@ -32,9 +35,11 @@ class AdditiveAttention(nnx.Module):
         *,
         use_bias: bool = True,
         normalize: bool = False,
+        fused: bool = True,
         param_dtype=jnp.float32,
         rngs: nnx.Rngs,
     ):
+        self.fused = fused
         params = _additive.init_additive_params(
             rngs.params(),
             query_features,
@@ -76,6 +81,7 @@ class AdditiveAttention(nnx.Module):
             mask,
             projected_keys=projected_keys,
             return_weights=return_weights,
+            fused=self.fused,
         )
 
     def step(
@@ -86,7 +92,9 @@ class AdditiveAttention(nnx.Module):
         mask: Bool[Array, "... S"] | None = None,
     ) -> tuple[Float[Array, "... Dv"], Float[Array, "... S"]]:
         """One decoder step: ``(context, weights)`` for a single query against all keys."""
-        return _additive.additive_attention_step(unwrap(self.params), query, projected_keys, values, mask)
+        return _additive.additive_attention_step(
+            unwrap(self.params), query, projected_keys, values, mask, fused=self.fused
+        )
 
 
 class DotProductAttention(nnx.Module):
