@@ -238,7 +238,7 @@ def translate_sentences(
     Returns:
       ``len(sentences)`` lists of :class:`Translation`.
     """
-    from attn_jax.decoding import beam_search
+    from attn_jax.decoding import beam_search, output_length
 
     if not 1 <= nbest <= beam_size:
         raise TranslateError(f"--nbest must be between 1 and the beam size {beam_size}, got {nbest}")
@@ -260,6 +260,9 @@ def translate_sentences(
     for chunk, width, rows in length_batches(lengths, batch_size):
         members = [todo[c] for c in chunk]
         src, mask = pad_rows([encoded[i] for i in members], width, rows, src_vocab.eos_id, src_vocab.pad_id)
+        # A model with a fixed-size decoder cache (the Transformer's ``max_length``) cannot emit more words.
+        cap = getattr(getattr(loaded.model, "config", None), "max_length", None)
+        limit = output_length(width, None, max_length_ratio, max_length_offset)
         try:
             out = beam_search(
                 loaded.model,
@@ -267,6 +270,7 @@ def translate_sentences(
                 mask,
                 beam_size=beam_size,
                 num_return=nbest,
+                max_length=min(limit, cap) if cap else None,
                 max_length_ratio=max_length_ratio,
                 max_length_offset=max_length_offset,
                 length_penalty_alpha=alpha,

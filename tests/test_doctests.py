@@ -17,6 +17,7 @@ MODULES = [
     "attn_jax.attention._chunked",
     "attn_jax.attention._fused_additive",
     "attn_jax.models.interface",
+    "attn_jax.models.transformer",
     "attn_jax.nn.lstm",
     "attn_jax.parallel._mesh",
     "attn_jax.parallel._rules",

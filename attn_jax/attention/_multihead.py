@@ -271,3 +271,85 @@ def multi_head_attention(
         out = out + params["out"]["bias"].astype(jnp.float32)
     out = out.astype(dtype)
     return (out, weights) if return_weights else out
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The two projections on their own, for callers that put something between them and the attention: rotary
+# position embeddings on the projected queries/keys, or a decoder's key/value cache (see
+# ``attn_jax.models.transformer``). ``multi_head_attention`` is exactly
+# ``project_output(out, dot_product_attention(project_heads(query, x_q), project_heads(key, x_kv),
+# project_heads(value, x_kv), mask))``.
+
+
+def project_heads(params: dict, x: Float[Array, "... T D"]) -> Float[Array, "... H T K"]:
+    r"""One input projection of multi-head attention, split into heads: ``[..., T, D] -> [..., H, T, K]``.
+
+    .. math:: y_{h,t,k} = \sum_d x_{t,d} W_{d,h,k} + b_{h,k}
+
+    Vaswani et al. 2017, §3.2.2 (``X W^Q_h`` for every head ``h`` at once). The product accumulates in
+    float32 and is returned in ``x``'s dtype (the parameters are cast to it), as in
+    :func:`multi_head_attention`.
+
+    Args:
+      params: ``{"kernel": [D, H, K], "bias": [H, K]}`` (``"bias"`` optional), e.g. ``params["query"]`` of
+        :func:`init_multi_head_params`.
+      x: ``[..., T, D]``, floating.
+
+    Returns:
+      ``[..., H, T, K]`` in ``x``'s dtype.
+
+    >>> p = init_multi_head_params(jax.random.key(0), 2, 6)
+    >>> project_heads(p["query"], jnp.ones((3, 5, 6))).shape
+    (3, 2, 5, 3)
+    """
+    if not isinstance(params, dict) or "kernel" not in params or np.ndim(params["kernel"]) != 3:
+        raise ValueError("params must be a dict with a 'kernel' [D, H, K] (and optionally a 'bias' [H, K])")
+    check_min_rank("x", x, 2)
+    check_floating("x", x)
+    kernel = params["kernel"]
+    if np.shape(x)[-1] != np.shape(kernel)[0]:
+        raise ValueError(
+            f"x {shape_str(x)} has width {np.shape(x)[-1]} but the kernel {shape_str(kernel)} expects "
+            f"{np.shape(kernel)[0]}"
+        )
+    if "bias" in params and np.shape(params["bias"]) != np.shape(kernel)[1:]:
+        raise ValueError(
+            f"bias {shape_str(params['bias'])} must be [H, K] = {shape_str(np.shape(kernel)[1:])}"
+        )
+    return _project(x, params, jnp.asarray(x).dtype)
+
+
+def project_output(params: dict, context: Float[Array, "... H T K"]) -> Float[Array, "... T Do"]:
+    r"""The output projection of multi-head attention: concatenate the heads and apply ``W^O``.
+
+    .. math:: y_{t,o} = \sum_{h,k} c_{h,t,k} W^O_{h,k,o} + b_o
+        \;=\; \big(\mathrm{Concat}(\mathrm{head}_1, \dots, \mathrm{head}_H)\, W^O\big)_{t,o} + b_o
+
+    Vaswani et al. 2017, §3.2.2. Accumulates in float32; returns ``context``'s dtype.
+
+    Args:
+      params: ``{"kernel": [H, K, Do], "bias": [Do]}`` (``"bias"`` optional), e.g. ``params["out"]``.
+      context: ``[..., H, T, K]`` per-head contexts (e.g. from ``dot_product_attention``).
+
+    Returns:
+      ``[..., T, Do]`` in ``context``'s dtype.
+
+    >>> p = init_multi_head_params(jax.random.key(0), 2, 6)
+    >>> project_output(p["out"], jnp.ones((3, 2, 5, 3))).shape
+    (3, 5, 6)
+    """
+    if not isinstance(params, dict) or "kernel" not in params or np.ndim(params["kernel"]) != 3:
+        raise ValueError("params must be a dict with a 'kernel' [H, K, Do] (and optionally a 'bias' [Do])")
+    check_min_rank("context", context, 3)
+    check_floating("context", context)
+    kernel = params["kernel"]
+    if tuple(np.shape(context)[-3:-2]) + tuple(np.shape(context)[-1:]) != tuple(np.shape(kernel)[:2]):
+        raise ValueError(
+            f"context {shape_str(context)} must be [..., H, T, K] with (H, K) = {tuple(np.shape(kernel)[:2])} "
+            f"from the out kernel {shape_str(kernel)}"
+        )
+    dtype = jnp.asarray(context).dtype
+    out = jnp.einsum("...htk,hko->...to", context, kernel.astype(dtype), preferred_element_type=jnp.float32)
+    if "bias" in params:
+        out = out + params["bias"].astype(jnp.float32)
+    return out.astype(dtype)

@@ -1,8 +1,8 @@
 """Translation models behind one decoding-step interface: RNNsearch (Bahdanau 2015), RNNenc (Cho 2014), GNMT
-(Wu et al. 2016).
+(Wu et al. 2016), the Transformer (Vaswani et al. 2017).
 
 ``build_model(config, rngs=...)`` turns a model config (:class:`RNNConfig`, see ``presets``, or
-:class:`GNMTConfig`) into a model; every model
+:class:`GNMTConfig`, :class:`TransformerConfig`) into a model; every model
 implements ``encode`` / ``init_decoder_state`` / ``decode_step`` / ``__call__`` of
 :mod:`attn_jax.models.interface`. Models import only ``attn_jax.nn`` and ``attn_jax.attention`` (never optax,
 data or checkpoint code).
@@ -23,6 +23,13 @@ from attn_jax.models.interface import (
 from attn_jax.models.presets import ARCHS, SCORERS, RNNConfig, paper_config, small_config
 from attn_jax.models.rnnenc import RNNenc
 from attn_jax.models.rnnsearch import RNNsearch
+from attn_jax.models.transformer import (
+    Transformer,
+    TransformerConfig,
+    TransformerDecoderState,
+    transformer_base_config,
+    transformer_cpu_config,
+)
 
 __all__ = [
     "ARCHS",
@@ -37,6 +44,9 @@ __all__ = [
     "RNNenc",
     "RNNsearch",
     "Seq2SeqModel",
+    "Transformer",
+    "TransformerConfig",
+    "TransformerDecoderState",
     "build_model",
     "gather_batch",
     "gnmt_cpu_config",
@@ -44,14 +54,16 @@ __all__ = [
     "paper_config",
     "repeat_batch",
     "small_config",
+    "transformer_base_config",
+    "transformer_cpu_config",
 ]
 
 
-ModelConfig = RNNConfig | GNMTConfig
+ModelConfig = RNNConfig | GNMTConfig | TransformerConfig
 """Any model config :func:`build_model` accepts (frozen dataclasses: hashable, usable as static jit args)."""
 
 
-def build_model(config: ModelConfig, *, rngs: nnx.Rngs) -> RNNsearch | RNNenc | GNMT:
+def build_model(config: ModelConfig, *, rngs: nnx.Rngs) -> RNNsearch | RNNenc | GNMT | Transformer:
     """The model ``config`` describes (its type, then ``config.arch``), initialised from ``rngs``.
 
     >>> build_model(small_config("rnnenc", src_vocab=10, tgt_vocab=10), rngs=nnx.Rngs(0)).__class__.__name__
@@ -59,6 +71,8 @@ def build_model(config: ModelConfig, *, rngs: nnx.Rngs) -> RNNsearch | RNNenc | 
     """
     if isinstance(config, GNMTConfig):
         return GNMT(config, rngs=rngs)
+    if isinstance(config, TransformerConfig):
+        return Transformer(config, rngs=rngs)
     if config.arch == "rnnsearch":
         return RNNsearch(config, rngs=rngs)
     if config.arch == "rnnenc":

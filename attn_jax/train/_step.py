@@ -137,9 +137,10 @@ def _masks(batch: Batch) -> tuple[jax.Array, jax.Array]:
     return src_mask, tgt_mask
 
 
-def _forward(config: StepConfig, params: dict, batch: Batch):
+def _forward(config: StepConfig, params: dict, batch: Batch, dropout_rng: jax.Array | None = None):
     src_mask, tgt_mask = _masks(batch)
-    logits, weights = build_module(config.model, params)(batch.src, src_mask, batch.tgt_in)
+    kwargs = {} if dropout_rng is None else {"dropout_rng": dropout_rng}
+    logits, weights = build_module(config.model, params)(batch.src, src_mask, batch.tgt_in, **kwargs)
     sums = loss_sums(logits, batch.tgt_out, tgt_mask, label_smoothing=config.label_smoothing)
     return sums, weights, src_mask, tgt_mask
 
@@ -153,8 +154,14 @@ def train_step(state: TrainState, batch: Batch, config: StepConfig) -> tuple[Tra
     ``step = functools.partial(train_step, config=cfg)``.
     """
 
+    # Dropout (models with a ``dropout`` rate, e.g. the Transformer): a key from the run's key and the step only,
+    # so a resumed run draws the same masks. Evaluation is deterministic.
+    dropout_rng = None
+    if getattr(config.model, "dropout", 0.0) > 0:
+        dropout_rng = jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step)
+
     def objective(params):
-        sums, _, _, _ = _forward(config, params, batch)
+        sums, _, _, _ = _forward(config, params, batch, dropout_rng)
         return sums.loss / jnp.maximum(sums.tokens, 1.0), sums
 
     (_, sums), grads = jax.value_and_grad(objective, has_aux=True)(state.params)

@@ -1,0 +1,799 @@
+"""The Transformer encoder–decoder of Vaswani et al. (2017), "Attention Is All You Need", on attn_jax's core.
+
+Every attention is the library's multi-head attention (``attn_jax.attention._multihead``: ``project_heads``
+→ ``dot_product_attention`` with a boolean mask → ``project_output``); masks and positions come from
+``_masks`` and ``_positional``. Layers are stacked on a leading ``layers`` axis and run with one
+``lax.scan`` per stack, so compile time does not grow with depth. With ``d = d_model``::
+
+    x_0   = Dropout(E[w]·√d + PE)                     §3.4, §3.5, §5.4 (PE omitted with RoPE)
+    post-LN (the paper):  x ← LayerNorm(x + Dropout(Sublayer(x)))
+    pre-LN:               x ← x + Dropout(Sublayer(LayerNorm(x))),   one more LayerNorm after each stack
+    encoder layer:  self-attention (padded keys masked) → FFN
+    decoder layer:  causal self-attention → cross-attention over the encoder output → FFN
+    FFN(x) = max(0, x W_1 + b_1) W_2 + b_2            §3.3
+    logits = y W_out + b_out                          W_out = E_tgtᵀ when the softmax is tied (§3.4)
+
+Choices where the paper is silent or this code departs from it:
+
+* Positions: ``sinusoidal`` (the paper's interleaved sin/cos, computed in float32 from integer positions in
+  every code path, so teacher forcing and cached decoding add identical vectors), ``learned`` (one table per side,
+  ``N(0, 0.02²)``, ``max_length`` rows) or ``rope`` (RoFormer's rotary embedding on the queries and keys of
+  both **self**-attentions, nothing added to the embeddings; cross-attention gets no rotation, source and
+  target positions being incomparable).
+* Initialisation: embeddings with standard deviation ``d^{-1/2}`` (fairseq/tensor2tensor, so ``E·√d`` has
+  unit scale and a tied softmax gives O(1) logits); attention kernels from ``init_multi_head_params`` (LeCun
+  normal); FFN and untied output kernels LeCun normal (Flax's ``Dense`` default). These normals are truncated
+  at ±2σ with σ corrected for the cut. Biases 0, LayerNorm scale 1; an output bias is always present. LayerNorm
+  ``ε = 1e-6``.
+* Dropout (§5.4, ``P_drop``) on the embedding sums and on every sub-layer output before the residual add;
+  none on attention weights or inside the FFN (the paper names only these two). It is on only when a
+  ``dropout_rng`` key is passed to ``__call__``/``intermediates`` — the model holds no RNG state, so the
+  trainer's parameter dict is the whole model state and evaluation is deterministic by default.
+* Padding: padded source keys are masked everywhere; the encoder output is set to 0 at padding (as
+  RNNsearch's annotations), so it is invariant to what padding holds and how much of it there is. The target
+  needs no padding mask: with right padding the causal mask already hides padded keys from real queries.
+* Numerics: the residual stream and LayerNorm statistics are float32; matmul operands are in the compute
+  ``dtype`` with float32 accumulation; attention logits and softmax are float32 (the core's policy); the
+  decoder's key/value cache is in the compute dtype; logits are float32.
+
+Incremental decoding (:meth:`Transformer.decode_step`): :meth:`Transformer.encode` runs the encoder once and
+precomputes every decoder layer's cross-attention keys and values; the decoder state holds each layer's
+self-attention keys and values of the positions decoded so far in a static ``[B, L_dec, H, C, K]`` buffer
+(``C`` = ``cache_length``, default ``max_length``) and the next position. A step projects only the new
+position, writes its key/value into slot ``t`` and attends the buffer under the length mask ``j ≤ t``, so no
+earlier position is recomputed: a step costs the projections of one position plus ``O(C·d)`` of masked
+attention per layer (static shapes for ``jit``), instead of re-running the decoder over the whole prefix. Decoding past ``C`` positions cannot be right, so it returns NaN
+logits rather than silently reusing a slot; size ``cache_length`` (or ``max_length``) to at least the
+decoder's output length (``attn_jax.decoding.output_length``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Literal, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from attn_jax.attention._dot_product import dot_product_attention
+from attn_jax.attention._masks import key_padding_mask, make_causal_mask, make_padding_mask
+from attn_jax.attention._multihead import init_multi_head_params, project_heads, project_output
+from attn_jax.attention._positional import (
+    init_learned_positions,
+    learned_positions,
+    rotary_embedding,
+    sinusoidal_positions,
+)
+from attn_jax.models.interface import EncoderOutput, check_source, check_tokens
+from attn_jax.nn._params import partitioned, unwrap, wrap
+from attn_jax.typing import Array, Bool, Float, Int
+
+__all__ = [
+    "NORMS",
+    "POSITIONS",
+    "SHARINGS",
+    "Transformer",
+    "TransformerConfig",
+    "TransformerDecoderState",
+    "TransformerIntermediates",
+    "transformer_base_config",
+    "transformer_cpu_config",
+]
+
+Norm = Literal["pre", "post"]
+Positions = Literal["sinusoidal", "learned", "rope"]
+Sharing = Literal["none", "decoder", "all"]
+NORMS: tuple[str, ...] = ("pre", "post")
+POSITIONS: tuple[str, ...] = ("sinusoidal", "learned", "rope")
+SHARINGS: tuple[str, ...] = ("none", "decoder", "all")
+_FLOAT_DTYPES = ("float32", "bfloat16", "float16")
+_LN_EPS = 1e-6
+_QKV = ("query", "key", "value")
+_TRUNCATED_NORMAL_STD = 0.87962566103423978  # std of a unit normal truncated to [-2, 2]
+
+
+# --------------------------------------------------------------------------------------------------- config
+
+
+@dataclasses.dataclass(frozen=True)
+class TransformerConfig:
+    """Sizes and options of the Transformer; the defaults are the paper's base model (Table 3).
+
+    Attributes:
+      src_vocab: source vocabulary size.
+      tgt_vocab: target vocabulary size.
+      arch: always ``"transformer"`` (so ``config.arch`` dispatches like :class:`~attn_jax.models.RNNConfig`).
+      d_model: ``d``, the width of embeddings and of the residual stream (paper: 512).
+      heads: ``H`` (paper: 8); ``d_model`` must be divisible by it (head width ``K = d / H``).
+      d_ff: inner width of the position-wise FFN (paper: 2048).
+      encoder_layers, decoder_layers: ``N`` of each stack (paper: 6 and 6).
+      dropout: ``P_drop`` on embeddings and sub-layer outputs, in ``[0, 1)`` (paper: 0.1).
+      norm: ``"post"`` (the paper: LayerNorm after each residual add) or ``"pre"`` (before each sub-layer,
+        plus a final LayerNorm per stack; trains without warm-up tricks).
+      positions: ``"sinusoidal"`` (the paper), ``"learned"`` or ``"rope"`` (see the module docstring).
+      max_length: longest target sequence the decoder's cache holds by default, and with learned positions the
+        rows of each position table (the longest source and target).
+      share_embeddings: ``"none"``; ``"decoder"`` ties the target embedding and the pre-softmax projection
+        (§3.4); ``"all"`` also uses it as the source embedding (the paper's setting, which needs a joint
+        source–target vocabulary, hence equal sizes).
+      param_dtype: dtype the parameters are stored in.
+      dtype: compute dtype of matmul operands and activations entering them (``"bfloat16"`` for mixed
+        precision); the residual stream, LayerNorm, softmax and logits stay float32.
+    """
+
+    src_vocab: int = 37000
+    tgt_vocab: int = 37000
+    arch: Literal["transformer"] = "transformer"
+    d_model: int = 512
+    heads: int = 8
+    d_ff: int = 2048
+    encoder_layers: int = 6
+    decoder_layers: int = 6
+    dropout: float = 0.1
+    norm: Norm = "post"
+    positions: Positions = "sinusoidal"
+    max_length: int = 256
+    share_embeddings: Sharing = "decoder"
+    param_dtype: str = "float32"
+    dtype: str = "float32"
+
+    def __post_init__(self):
+        for name in (
+            "src_vocab",
+            "tgt_vocab",
+            "d_model",
+            "heads",
+            "d_ff",
+            "encoder_layers",
+            "decoder_layers",
+            "max_length",
+        ):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
+                raise ValueError(f"transformer config: {name} must be a positive int, got {value!r}")
+        if self.arch != "transformer":
+            raise ValueError(f"transformer config: arch must be 'transformer', got {self.arch!r}")
+        if self.d_model % self.heads:
+            raise ValueError(
+                f"transformer config: d_model ({self.d_model}) must be divisible by heads ({self.heads})"
+            )
+        if (
+            isinstance(self.dropout, bool)
+            or not isinstance(self.dropout, int | float)
+            or not 0 <= self.dropout < 1
+        ):
+            raise ValueError(f"transformer config: dropout must be a number in [0, 1), got {self.dropout!r}")
+        for name, allowed in (("norm", NORMS), ("positions", POSITIONS), ("share_embeddings", SHARINGS)):
+            if getattr(self, name) not in allowed:
+                raise ValueError(
+                    f"transformer config: {name} must be one of {', '.join(allowed)}; got {getattr(self, name)!r}"
+                )
+        if self.positions == "sinusoidal" and self.d_model % 2:
+            raise ValueError(
+                f"transformer config: sinusoidal positions need an even d_model, got {self.d_model}"
+            )
+        if self.positions == "rope" and (self.d_model // self.heads) % 2:
+            raise ValueError(
+                f"transformer config: rope needs an even head width d_model / heads, got "
+                f"{self.d_model} / {self.heads} = {self.d_model // self.heads}"
+            )
+        if self.share_embeddings == "all" and self.src_vocab != self.tgt_vocab:
+            raise ValueError(
+                f"transformer config: share_embeddings='all' needs one joint vocabulary, but src_vocab "
+                f"({self.src_vocab}) != tgt_vocab ({self.tgt_vocab}); use 'decoder' or 'none'"
+            )
+        for name in ("param_dtype", "dtype"):
+            value = getattr(self, name)
+            try:
+                canonical = jnp.dtype(value).name
+            except TypeError:
+                canonical = None
+            if canonical not in _FLOAT_DTYPES:
+                raise ValueError(
+                    f"transformer config: {name} must be one of {', '.join(_FLOAT_DTYPES)}; got {value!r}"
+                )
+            object.__setattr__(self, name, canonical)
+        object.__setattr__(self, "dropout", float(self.dropout))
+
+    @property
+    def head_dim(self) -> int:
+        """``K = d_model / heads``."""
+        return self.d_model // self.heads
+
+    def replace(self, **changes) -> TransformerConfig:
+        """A copy with ``changes`` applied (validated again)."""
+        return dataclasses.replace(self, **changes)
+
+
+def transformer_base_config(src_vocab: int = 37000, tgt_vocab: int = 37000, **overrides) -> TransformerConfig:
+    """Vaswani et al. (2017) base model: ``d = 512``, 8 heads, ``d_ff = 2048``, 6 + 6 layers, dropout 0.1,
+    post-LN, sinusoidal positions, tied target embedding and softmax.
+
+    The paper also ties the source embedding (``share_embeddings="all"``) because its vocabulary is one joint
+    37 000-token BPE; pass that override when the vocabularies really are one.
+
+    >>> transformer_base_config().d_ff
+    2048
+    """
+    base = dict(
+        d_model=512,
+        heads=8,
+        d_ff=2048,
+        encoder_layers=6,
+        decoder_layers=6,
+        dropout=0.1,
+        norm="post",
+        positions="sinusoidal",
+        share_embeddings="decoder",
+    )
+    return TransformerConfig(src_vocab=src_vocab, tgt_vocab=tgt_vocab, **{**base, **overrides})
+
+
+def transformer_cpu_config(src_vocab: int, tgt_vocab: int, **overrides) -> TransformerConfig:
+    """A CPU-sized preset for the built-in corpus and demos: ``d = 64``, 4 heads, ``d_ff = 256``, 2 + 2 layers,
+    pre-LN (stable without a long warm-up), dropout 0.1.
+
+    >>> transformer_cpu_config(100, 120).d_model
+    64
+    """
+    base = dict(
+        d_model=64,
+        heads=4,
+        d_ff=256,
+        encoder_layers=2,
+        decoder_layers=2,
+        dropout=0.1,
+        norm="pre",
+        positions="sinusoidal",
+        share_embeddings="decoder",
+    )
+    return TransformerConfig(src_vocab=src_vocab, tgt_vocab=tgt_vocab, **{**base, **overrides})
+
+
+# ---------------------------------------------------------------------------------------------- pytrees
+
+
+class TransformerDecoderState(NamedTuple):
+    """The incremental decoder's state between steps (batch-leading, static shapes).
+
+    Attributes:
+      keys: ``[B, L_dec, H, C, K]`` self-attention keys of the positions decoded so far, per decoder layer
+        (RoPE already applied); slots ``≥ position`` are unused.
+      values: ``[B, L_dec, H, C, K]`` the matching values.
+      position: ``[B]`` int32, the index of the next target position (0 before BOS is fed).
+    """
+
+    keys: Float[Array, "B Ld H C K"]
+    values: Float[Array, "B Ld H C K"]
+    position: Int[Array, " B"]
+
+
+class TransformerIntermediates(NamedTuple):
+    """Everything :meth:`Transformer.intermediates` exposes for tests and plots (float32).
+
+    Attributes:
+      encoder: ``[B, L_enc, S, D]`` the residual stream after each encoder layer (before the final pre-LN).
+      decoder: ``[B, L_dec, T, D]`` the residual stream after each decoder layer (before the final pre-LN).
+      cross_attention: ``[B, L_dec, H, T, S]`` every decoder layer's cross-attention weights, all heads.
+      logits: ``[B, T, V]``.
+    """
+
+    encoder: Float[Array, "B Le S D"]
+    decoder: Float[Array, "B Ld T D"]
+    cross_attention: Float[Array, "B Ld H T S"]
+    logits: Float[Array, "B T V"]
+
+
+# ------------------------------------------------------------------------------------ the functional core
+
+
+def _layer_norm(p: dict, x: Float[Array, "... D"]) -> Float[Array, "... D"]:
+    """LayerNorm (Ba et al. 2016) over the last axis, statistics and output in float32."""
+    x = x.astype(jnp.float32)
+    mean = jnp.mean(x, axis=-1, keepdims=True)
+    var = jnp.mean(jnp.square(x - mean), axis=-1, keepdims=True)
+    y = (x - mean) * jax.lax.rsqrt(var + _LN_EPS)
+    return y * p["scale"].astype(jnp.float32) + p["bias"].astype(jnp.float32)
+
+
+def _dense(x: Float[Array, "... I"], w: Float[Array, "I O"], b: Float[Array, " O"]) -> Float[Array, "... O"]:
+    """``x w + b`` with operands in ``x``'s dtype and float32 accumulation; float32 result."""
+    y = jnp.einsum("...i,io->...o", x, w.astype(x.dtype), preferred_element_type=jnp.float32)
+    return y + b.astype(jnp.float32)
+
+
+def _ffn(p: dict, x: Float[Array, "... D"]) -> Float[Array, "... D"]:
+    """``max(0, x W_1 + b_1) W_2 + b_2`` (§3.3), returned in ``x``'s dtype."""
+    h = jax.nn.relu(_dense(x, p["w_1"], p["b_1"])).astype(x.dtype)
+    return _dense(h, p["w_2"], p["b_2"]).astype(x.dtype)
+
+
+def _dropout(x: Array, rate: float, keep: Bool[Array, "..."] | None) -> Array:
+    """Inverted dropout with a precomputed keep-mask; the identity when ``keep`` is None."""
+    if keep is None:
+        return x
+    return jnp.where(keep, x / (1.0 - rate), 0.0).astype(x.dtype)
+
+
+def _attend_heads(
+    p_out: dict,
+    q: Float[Array, "B H T K"],
+    k: Float[Array, "B H S K"],
+    v: Float[Array, "B H S K"],
+    mask: Bool[Array, "..."],
+) -> tuple[Float[Array, "B T D"], Float[Array, "B H T S"]]:
+    """Scaled dot-product attention per head, then ``Concat(heads) W^O``: ``(out, weights)``."""
+    ctx, weights = dot_product_attention(q, k, v, mask, return_weights=True)
+    return project_output(p_out, ctx), weights
+
+
+def _self_attention(
+    p: dict, x: Float[Array, "B T D"], mask: Bool[Array, "..."], rope: bool
+) -> tuple[Float[Array, "B T D"], Float[Array, "B H T T"]]:
+    """Multi-head self-attention over all positions of ``x`` (RoPE on queries and keys when ``rope``)."""
+    q, k, v = (project_heads(p[n], x) for n in _QKV)  # [B, H, T, K] each
+    if rope:
+        q, k = rotary_embedding(q), rotary_embedding(k)
+    return _attend_heads(p["out"], q, k, v, mask)
+
+
+def _sublayer(norm: str, p_norm: dict, x, fn, dtype, rate: float, keep):
+    """A residual sub-layer: ``LN(x + Drop(fn(x)))`` (post) or ``x + Drop(fn(LN(x)))`` (pre).
+
+    ``fn`` maps compute-dtype activations to ``(output, aux)``; returns ``(x, aux)`` with ``x`` float32.
+    """
+    h = _layer_norm(p_norm, x) if norm == "pre" else x
+    out, aux = fn(h.astype(dtype))
+    x = x + _dropout(out.astype(jnp.float32), rate, keep)
+    if norm == "post":
+        x = _layer_norm(p_norm, x)
+    return x, aux
+
+
+def _mask(masks, i):
+    return None if masks is None else masks[i]
+
+
+# ------------------------------------------------------------------------------------------------ module
+
+
+class Transformer(nnx.Module):
+    """Vaswani et al. (2017) Transformer encoder–decoder implementing the step interface of
+    ``attn_jax.models.interface`` (see the module docstring for the equations and choices).
+
+    >>> cfg = TransformerConfig(src_vocab=11, tgt_vocab=13, d_model=8, heads=2, d_ff=16,
+    ...                         encoder_layers=1, decoder_layers=2, max_length=8)
+    >>> model = Transformer(cfg, rngs=nnx.Rngs(0))
+    >>> logits, attn = model(jnp.ones((2, 7), jnp.int32), jnp.ones((2, 7), bool), jnp.ones((2, 3), jnp.int32))
+    >>> logits.shape, attn.shape
+    ((2, 3, 13), (2, 3, 7))
+    """
+
+    def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
+        if not isinstance(config, TransformerConfig):
+            raise ValueError(f"Transformer needs a TransformerConfig, got {type(config).__name__}")
+        self.config = config
+        c = config
+
+        p = _init_params(rngs.params(), c)
+        self.tgt_embed = partitioned(p["tgt_embed"], ("vocab", "embed"))
+        self.src_embed = nnx.data(
+            partitioned(p["src_embed"], ("vocab", "embed")) if "src_embed" in p else None
+        )
+        self.src_positions, self.tgt_positions = (
+            nnx.data(partitioned(p[name], (None, "embed")) if name in p else None)
+            for name in ("src_positions", "tgt_positions")
+        )
+        self.encoder = nnx.Dict(_wrap_stack(p["encoder"]))
+        self.decoder = nnx.Dict(_wrap_stack(p["decoder"]))
+        pre = c.norm == "pre"
+        self.encoder_norm = nnx.data(nnx.Dict(wrap(_norm_params(c), _NORM_NAMES)) if pre else None)
+        self.decoder_norm = nnx.data(nnx.Dict(wrap(_norm_params(c), _NORM_NAMES)) if pre else None)
+        self.output = nnx.Dict(wrap(p["output"], {"kernel": ("embed", "vocab"), "bias": ("vocab",)}))
+
+    # ------------------------------------------------------------------------------------------- helpers
+
+    def _embed(
+        self, table, positions_table, tokens: Int[Array, "B T"], positions, keep
+    ) -> Float[Array, "B T D"]:
+        """``Dropout(E[w]·√d + PE)`` in float32; ``positions`` is ``[B or 1, T]`` int."""
+        c = self.config
+        x = jnp.take(table, tokens, axis=0).astype(jnp.float32) * math.sqrt(c.d_model)
+        if c.positions == "sinusoidal":
+            x = x + sinusoidal_positions(positions, c.d_model)
+        elif c.positions == "learned":
+            x = x + learned_positions(positions_table, positions).astype(jnp.float32)
+        return _dropout(x, c.dropout, keep)
+
+    def _check_inputs(self, src, src_mask, tgt_in) -> None:
+        """One-line ValueErrors for the teacher-forced inputs, before any computation."""
+        check_source(src, src_mask)
+        check_tokens("tgt_in", tgt_in, src.shape[0], rank=2)
+        self._check_length("src", src.shape[1])
+        self._check_length("tgt_in", tgt_in.shape[1])
+
+    def _check_length(self, name: str, length: int) -> None:
+        if self.config.positions == "learned" and length > self.config.max_length:
+            raise ValueError(
+                f"{name} has {length} positions but the learned position table has max_length="
+                f"{self.config.max_length} rows"
+            )
+
+    def _logits(self, y: Float[Array, "... D"]) -> Float[Array, "... V"]:
+        """``y W_out + b`` in float32 (``W_out = E_tgtᵀ`` when tied)."""
+        dtype = jnp.dtype(self.config.dtype)
+        y = y.astype(dtype)
+        if self.config.share_embeddings == "none":
+            w = self.output["kernel"][...]
+            logits = jnp.einsum("...d,dv->...v", y, w.astype(dtype), preferred_element_type=jnp.float32)
+        else:
+            e = self.tgt_embed[...]
+            logits = jnp.einsum("...d,vd->...v", y, e.astype(dtype), preferred_element_type=jnp.float32)
+        return logits + self.output["bias"][...].astype(jnp.float32)
+
+    def _keep_masks(self, key, src_shape, tgt_shape):
+        """Dropout keep-masks ``([1 + 2·L_enc, B, S, D], [1 + 3·L_dec, B, T, D])`` (the embedding's, then each
+        layer's sub-layers'), or ``(None, None)`` without a key or at rate 0.
+
+        One Bernoulli draw for the whole pass, split: every random call is a threefry program XLA compiles
+        (~2 s each on a CPU), which would otherwise dominate a small model's compile time.
+        """
+        c = self.config
+        if key is None or c.dropout == 0.0:
+            return None, None
+        enc_shape = (1 + 2 * c.encoder_layers, *src_shape, c.d_model)
+        dec_shape = (1 + 3 * c.decoder_layers, *tgt_shape, c.d_model)
+        n_enc = math.prod(enc_shape)
+        keep = jax.random.bernoulli(key, 1.0 - c.dropout, (n_enc + math.prod(dec_shape),))
+        return keep[:n_enc].reshape(enc_shape), keep[n_enc:].reshape(dec_shape)
+
+    # ------------------------------------------------------------------------------------------- encoder
+
+    def _encode(self, src, src_mask, keep, collect: bool):
+        c = self.config
+        dtype = jnp.dtype(c.dtype)
+        check_source(src, src_mask)
+        self._check_length("src", src.shape[1])
+        table = self.tgt_embed[...] if self.src_embed is None else self.src_embed[...]
+        positions = self.src_positions[...] if self.src_positions is not None else None
+        pos = src.shape[1] if c.positions == "learned" else jnp.arange(src.shape[1])[None, :]
+        x = self._embed(table, positions, src, pos, _mask(keep, 0))  # [B, S, D] float32
+        mask = key_padding_mask(src_mask)[:, None]  # [B, 1, 1, S]: padded keys hidden from every head
+        rope = c.positions == "rope"
+
+        def layer(x, xs):
+            p, keep = xs  # keep: [2, B, S, D] or None
+
+            def attention(h):
+                return _self_attention(p["attention"], h, mask, rope)[0], None
+
+            def ffn(h):
+                return _ffn(p["ffn"], h), None
+
+            x, _ = _sublayer(c.norm, p["attention_norm"], x, attention, dtype, c.dropout, _mask(keep, 0))
+            x, _ = _sublayer(c.norm, p["ffn_norm"], x, ffn, dtype, c.dropout, _mask(keep, 1))
+            return x, (x if collect else None)
+
+        if keep is not None:
+            keep = keep[1:].reshape(c.encoder_layers, 2, *keep.shape[1:])
+        x, per_layer = jax.lax.scan(layer, x, (unwrap(self.encoder), keep))
+        if self.encoder_norm is not None:
+            x = _layer_norm(unwrap(self.encoder_norm), x)
+        memory = jnp.where(src_mask[..., None], x, 0.0).astype(dtype)  # zero at padding
+        cross = unwrap(self.decoder)["cross_attention"]
+        # Every decoder layer's cross-attention keys and values, once per source batch: [B, L_dec, H, S, K].
+        k, v = (
+            jax.vmap(project_heads, in_axes=(0, None), out_axes=1)(cross[n], memory) for n in ("key", "value")
+        )
+        enc = EncoderOutput(memory=memory, keys=jnp.stack([k, v], axis=2), mask=src_mask, summary=None)
+        return enc, (None if per_layer is None else jnp.moveaxis(per_layer, 0, 1))
+
+    def encode(self, src: Int[Array, "B S"], src_mask: Bool[Array, "B S"]) -> EncoderOutput:
+        """Run the encoder once; precompute every decoder layer's cross-attention keys and values.
+
+        Returns an :class:`~attn_jax.models.interface.EncoderOutput` with ``memory`` ``[B, S, D]`` (the
+        encoder output in the compute dtype, zero at padding), ``keys`` ``[B, L_dec, 2, H, S, K]`` (``keys[:,
+        l, 0]`` layer ``l``'s cross-attention keys, ``keys[:, l, 1]`` its values; one batch-leading array so
+        ``repeat_batch``/``gather_batch`` tile it for beam search), ``mask`` and ``summary=None``.
+        """
+        return self._encode(src, src_mask, None, collect=False)[0]
+
+    # ------------------------------------------------------------------------------------------- decoder
+
+    def _decode(self, enc: EncoderOutput, tgt_in, keep, collect: bool):
+        """Teacher-forced decoder over all positions: ``(final y [B, T, D], per-layer ys)``."""
+        c = self.config
+        dtype = jnp.dtype(c.dtype)
+        t = tgt_in.shape[1]
+        self._check_length("tgt_in", t)
+        positions = self.tgt_positions[...] if self.tgt_positions is not None else None
+        pos = t if c.positions == "learned" else jnp.arange(t)[None, :]
+        y = self._embed(self.tgt_embed[...], positions, tgt_in, pos, _mask(keep, 0))
+        causal = make_causal_mask(t)  # [T, T], broadcast over batch and heads
+        cross_mask = key_padding_mask(enc.mask)[:, None]  # [B, 1, 1, S]
+        rope = c.positions == "rope"
+
+        def self_attention(p, h):
+            return _self_attention(p, h, causal, rope)
+
+        def layer(y, xs):
+            p, kv, keep = xs  # keep: [3, B, T, D] or None
+            y, w = _decoder_layer(c, p, y, self_attention, kv, cross_mask, dtype, keep)
+            return y, ((w, y) if collect else jnp.mean(w, axis=1))  # heads averaged: [B, T, S]
+
+        if keep is not None:
+            keep = keep[1:].reshape(c.decoder_layers, 3, *keep.shape[1:])
+        xs = (unwrap(self.decoder), jnp.moveaxis(enc.keys, 1, 0), keep)
+        y, per_layer = jax.lax.scan(layer, y, xs)
+        if self.decoder_norm is not None:
+            y = _layer_norm(unwrap(self.decoder_norm), y)
+        return y, per_layer
+
+    def init_decoder_state(
+        self, enc: EncoderOutput, cache_length: int | None = None
+    ) -> TransformerDecoderState:
+        """An empty key/value cache of ``cache_length`` (default ``config.max_length``) positions, position 0."""
+        c = self.config
+        cache_length = c.max_length if cache_length is None else cache_length
+        if (
+            isinstance(cache_length, bool)
+            or not isinstance(cache_length, int | np.integer)
+            or cache_length < 1
+        ):
+            raise ValueError(f"cache_length must be a positive int, got {cache_length!r}")
+        batch = enc.mask.shape[0]
+        shape = (batch, c.decoder_layers, c.heads, int(cache_length), c.head_dim)
+        zeros = jnp.zeros(shape, jnp.dtype(c.dtype))
+        return TransformerDecoderState(keys=zeros, values=zeros, position=jnp.zeros((batch,), jnp.int32))
+
+    def decode_step(
+        self, enc: EncoderOutput, state: TransformerDecoderState, prev_tokens: Int[Array, " B"]
+    ) -> tuple[Float[Array, "B V"], TransformerDecoderState, Float[Array, "B S"]]:
+        """One target position from the cache: ``(logits [B, V] float32, new state, attention [B, S])``.
+
+        The attention is the last decoder layer's cross-attention averaged over heads (what beam search and
+        the heatmaps use). Logits are NaN once ``state.position`` reaches the cache length.
+        """
+        c = self.config
+        dtype = jnp.dtype(c.dtype)
+        batch = enc.mask.shape[0]
+        check_tokens("prev_tokens", prev_tokens, batch, rank=1)
+        capacity = state.keys.shape[3]
+        if state.keys.shape != (batch, c.decoder_layers, c.heads, capacity, c.head_dim):
+            raise ValueError(
+                f"state.keys has shape {list(state.keys.shape)}, expected [B, L_dec, H, C, K] = "
+                f"{[batch, c.decoder_layers, c.heads, capacity, c.head_dim]}"
+            )
+        pos = state.position  # [B]
+        positions = self.tgt_positions[...] if self.tgt_positions is not None else None
+        y = self._embed(self.tgt_embed[...], positions, prev_tokens[:, None], pos[:, None], None)  # [B, 1, D]
+        slot = (jnp.arange(capacity)[None, :] == pos[:, None])[:, None, :, None]  # [B, 1, C, 1]
+        visible = make_padding_mask(pos + 1, capacity)[:, None, None, :]  # [B, 1, 1, C]: keys j <= t
+        cross_mask = key_padding_mask(enc.mask)[:, None]  # [B, 1, 1, S]
+        rope = c.positions == "rope"
+
+        def layer(y, xs):
+            p, kv, cache_k, cache_v = xs  # cache: [B, H, C, K]
+
+            def self_attention(pa, h):
+                q, k, v = (project_heads(pa[n], h) for n in _QKV)  # [B, H, 1, K]
+                if rope:
+                    q = rotary_embedding(q, pos[:, None, None])
+                    k = rotary_embedding(k, pos[:, None, None])
+                cache_k2, cache_v2 = jnp.where(slot, k, cache_k), jnp.where(slot, v, cache_v)
+                out, w = _attend_heads(pa["out"], q, cache_k2, cache_v2, visible)
+                return (out, (cache_k2, cache_v2)), w
+
+            y, w, cache = _decoder_layer(c, p, y, self_attention, kv, cross_mask, dtype, None, with_aux=True)
+            return y, (cache, jnp.mean(w[:, :, 0], axis=1))  # [B, S]
+
+        xs = (
+            unwrap(self.decoder),
+            jnp.moveaxis(enc.keys, 1, 0),
+            jnp.moveaxis(state.keys, 1, 0),
+            jnp.moveaxis(state.values, 1, 0),
+        )
+        y, ((keys, values), weights) = jax.lax.scan(layer, y, xs)
+        if self.decoder_norm is not None:
+            y = _layer_norm(unwrap(self.decoder_norm), y)
+        logits = self._logits(y[:, 0])
+        logits = jnp.where((pos < capacity)[:, None], logits, jnp.nan)  # past the cache: loudly wrong
+        new_state = TransformerDecoderState(
+            keys=jnp.moveaxis(keys, 0, 1), values=jnp.moveaxis(values, 0, 1), position=pos + 1
+        )
+        return logits, new_state, weights[-1]
+
+    # ------------------------------------------------------------------------------------ teacher forcing
+
+    def __call__(
+        self,
+        src: Int[Array, "B S"],
+        src_mask: Bool[Array, "B S"],
+        tgt_in: Int[Array, "B T"],
+        *,
+        dropout_rng: jax.Array | None = None,
+    ) -> tuple[Float[Array, "B T V"], Float[Array, "B T S"]]:
+        """Teacher forcing: float32 ``(logits [B, T, V], last decoder layer's cross-attention [B, T, S])``.
+
+        The attention is averaged over heads. ``dropout_rng`` (a PRNG key) switches dropout on; without it
+        the model is deterministic.
+        """
+        self._check_inputs(src, src_mask, tgt_in)
+        enc_keep, dec_keep = self._keep_masks(dropout_rng, src.shape, tgt_in.shape)
+        enc, _ = self._encode(src, src_mask, enc_keep, collect=False)
+        y, weights = self._decode(enc, tgt_in, dec_keep, collect=False)
+        return self._logits(y), weights[-1]
+
+    def intermediates(
+        self,
+        src: Int[Array, "B S"],
+        src_mask: Bool[Array, "B S"],
+        tgt_in: Int[Array, "B T"],
+        *,
+        dropout_rng: jax.Array | None = None,
+    ) -> TransformerIntermediates:
+        """The teacher-forced pass with every layer's output and every cross-attention head kept."""
+        self._check_inputs(src, src_mask, tgt_in)
+        enc_keep, dec_keep = self._keep_masks(dropout_rng, src.shape, tgt_in.shape)
+        enc, enc_layers = self._encode(src, src_mask, enc_keep, collect=True)
+        y, (weights, dec_layers) = self._decode(enc, tgt_in, dec_keep, collect=True)
+        return TransformerIntermediates(
+            encoder=enc_layers,
+            decoder=jnp.moveaxis(dec_layers, 0, 1),
+            cross_attention=jnp.moveaxis(weights, 0, 1),
+            logits=self._logits(y),
+        )
+
+    def cross_attention_weights(
+        self, src: Int[Array, "B S"], src_mask: Bool[Array, "B S"], tgt_in: Int[Array, "B T"]
+    ) -> Float[Array, "B Ld H T S"]:
+        """Every decoder layer's cross-attention weights, all heads, float32 ``[B, L_dec, H, T, S]`` (heatmaps)."""
+        return self.intermediates(src, src_mask, tgt_in).cross_attention
+
+
+def _decoder_layer(c: TransformerConfig, p, y, self_attention, kv, cross_mask, dtype, keep, with_aux=False):
+    """Self-attention (``self_attention(p, h) -> ((out, aux), w)`` or ``(out, w)``), cross-attention, FFN.
+
+    ``kv`` is the layer's precomputed ``[B, 2, H, S, K]`` cross keys/values. Returns ``(y, cross weights
+    [B, H, T, S])``, plus the self-attention's aux when ``with_aux``.
+    """
+
+    def sa(h):
+        result, _ = self_attention(p["self_attention"], h)
+        return result if with_aux else (result, None)
+
+    def ca(h):
+        q = project_heads(p["cross_attention"]["query"], h)  # [B, H, T, K]
+        return _attend_heads(p["cross_attention"]["out"], q, kv[:, 0], kv[:, 1], cross_mask)
+
+    y, aux = _sublayer(c.norm, p["self_attention_norm"], y, sa, dtype, c.dropout, _mask(keep, 0))
+    y, weights = _sublayer(c.norm, p["cross_attention_norm"], y, ca, dtype, c.dropout, _mask(keep, 1))
+
+    def ffn(h):
+        return _ffn(p["ffn"], h), None
+
+    y, _ = _sublayer(c.norm, p["ffn_norm"], y, ffn, dtype, c.dropout, _mask(keep, 2))
+    return (y, weights, aux) if with_aux else (y, weights)
+
+
+# -------------------------------------------------------------------------------------------- parameters
+
+_MHA_NAMES = {
+    "query": {"kernel": ("embed", "heads", "kv"), "bias": ("heads", "kv")},
+    "key": {"kernel": ("embed", "heads", "kv"), "bias": ("heads", "kv")},
+    "value": {"kernel": ("embed", "heads", "kv"), "bias": ("heads", "kv")},
+    "out": {"kernel": ("heads", "kv", "embed"), "bias": ("embed",)},
+}
+_NORM_NAMES = {"scale": ("embed",), "bias": ("embed",)}
+_FFN_NAMES = {"w_1": ("embed", "mlp"), "b_1": ("mlp",), "w_2": ("mlp", "embed"), "b_2": ("embed",)}
+
+
+def _stacked_names(names):
+    """Prefix every logical-name tuple with ``layers``."""
+    if isinstance(names, dict):
+        return {k: _stacked_names(v) for k, v in names.items()}
+    return ("layers", *names)
+
+
+_STACK_NAMES = _stacked_names(
+    {
+        "attention": _MHA_NAMES,
+        "self_attention": _MHA_NAMES,
+        "cross_attention": _MHA_NAMES,
+        "attention_norm": _NORM_NAMES,
+        "self_attention_norm": _NORM_NAMES,
+        "cross_attention_norm": _NORM_NAMES,
+        "ffn": _FFN_NAMES,
+        "ffn_norm": _NORM_NAMES,
+    }
+)
+
+
+def _wrap_stack(params: dict) -> dict:
+    """A stack's plain parameters as named ``nnx.Param``s (``nnx.Dict`` per sub-layer)."""
+    return {k: nnx.Dict(wrap(v, _STACK_NAMES[k])) for k, v in params.items()}
+
+
+def _norm_params(c: TransformerConfig, *lead: int) -> dict:
+    """LayerNorm ``{"scale": 1, "bias": 0}``, ``[*lead, D]``."""
+    shape = (*lead, c.d_model)
+    return {"scale": jnp.ones(shape, c.param_dtype), "bias": jnp.zeros(shape, c.param_dtype)}
+
+
+def _init_params(key, c: TransformerConfig) -> dict:
+    """Every parameter as plain arrays, from two random draws (three with learned positions).
+
+    Attention: ``init_multi_head_params`` (LeCun normal) for all ``L_enc + 2·L_dec`` attentions at once.
+    Everything else comes from one flat truncated-normal draw (±2σ, σ corrected for the cut), split and scaled:
+    embeddings σ = d^{-1/2}; ``W_1``, ``W_2`` and the untied output kernel LeCun, σ = fan_in^{-1/2}. Every
+    random call is a threefry program XLA compiles, so fewer calls make a much cheaper jitted initialiser.
+    """
+    pd, d, f = jnp.dtype(c.param_dtype), c.d_model, c.d_ff
+    n_enc, n_dec = c.encoder_layers, c.decoder_layers
+    k_attn, k_dense, k_pos = jax.random.split(key, 3)
+    attn = jax.vmap(lambda k: init_multi_head_params(k, c.heads, d, dtype=pd))(
+        jax.random.split(k_attn, n_enc + 2 * n_dec)
+    )
+
+    def rows(lo, hi):
+        return jax.tree.map(lambda a: a[lo:hi], attn)
+
+    specs = {"tgt_embed": ((c.tgt_vocab, d), d)}
+    if c.share_embeddings != "all":
+        specs["src_embed"] = ((c.src_vocab, d), d)
+    if c.share_embeddings == "none":
+        specs["output"] = ((d, c.tgt_vocab), d)
+    specs.update(
+        enc_w_1=((n_enc, d, f), d),
+        enc_w_2=((n_enc, f, d), f),
+        dec_w_1=((n_dec, d, f), d),
+        dec_w_2=((n_dec, f, d), f),
+    )
+    sizes = [math.prod(shape) for shape, _ in specs.values()]
+    flat = jax.random.truncated_normal(k_dense, -2.0, 2.0, (sum(sizes),), jnp.float32)
+    dense = {
+        name: (piece.reshape(shape) / (math.sqrt(fan_in) * _TRUNCATED_NORMAL_STD)).astype(pd)
+        for (name, (shape, fan_in)), piece in zip(
+            specs.items(), jnp.split(flat, np.cumsum(sizes)[:-1]), strict=True
+        )
+    }
+
+    def ffn(prefix, n):
+        return {
+            "w_1": dense[f"{prefix}_w_1"],
+            "b_1": jnp.zeros((n, f), pd),
+            "w_2": dense[f"{prefix}_w_2"],
+            "b_2": jnp.zeros((n, d), pd),
+        }
+
+    params = {
+        "tgt_embed": dense["tgt_embed"],
+        "encoder": {
+            "attention": rows(0, n_enc),
+            "attention_norm": _norm_params(c, n_enc),
+            "ffn": ffn("enc", n_enc),
+            "ffn_norm": _norm_params(c, n_enc),
+        },
+        "decoder": {
+            "self_attention": rows(n_enc, n_enc + n_dec),
+            "self_attention_norm": _norm_params(c, n_dec),
+            "cross_attention": rows(n_enc + n_dec, n_enc + 2 * n_dec),
+            "cross_attention_norm": _norm_params(c, n_dec),
+            "ffn": ffn("dec", n_dec),
+            "ffn_norm": _norm_params(c, n_dec),
+        },
+        "output": {"bias": jnp.zeros((c.tgt_vocab,), pd)},
+    }
+    if "src_embed" in dense:
+        params["src_embed"] = dense["src_embed"]
+    if "output" in dense:
+        params["output"]["kernel"] = dense["output"]
+    if c.positions == "learned":
+        tables = jax.vmap(lambda k: init_learned_positions(k, c.max_length, d, dtype=pd))(
+            jax.random.split(k_pos, 2)
+        )
+        params["src_positions"], params["tgt_positions"] = tables[0], tables[1]
+    return params
