@@ -2,6 +2,8 @@
 #   make demo   – bootstrap .venv, install attn-jax with its extras, run the main job
 #                 (the attention showcase, then experiments/bahdanau2015: RNNenc vs RNNsearch -> runs/demo/report.md)
 #   make test   – the same bootstrap, then the test suite
+#   make bench  – experiments/benchmarks: side-by-side timings and memory vs jax.nn and PyTorch -> RESULTS.md
+#                 (BENCH_ARGS=--quick for the smoke version; installs the CPU PyTorch wheel if torch is missing)
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
@@ -13,8 +15,10 @@ DEMO_DIR ?= runs/demo
 # PRESET=paper prints the full-size WMT'14 commands (for an accelerator) instead of training here.
 PRESET ?= cpu
 DEMO_ARGS ?=
+BENCH_ARGS ?=
+TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 
-.PHONY: demo test lint clean install
+.PHONY: demo test bench lint clean install
 
 install: $(STAMP)
 
@@ -29,6 +33,10 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+bench: $(STAMP)
+	@$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install --quiet torch --index-url $(TORCH_INDEX)
+	$(BIN)/python experiments/benchmarks/bench.py --out experiments/benchmarks/RESULTS.md $(BENCH_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check attn_jax tests experiments configs

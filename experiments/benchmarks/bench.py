@@ -1,0 +1,1229 @@
+"""The attn_jax benchmark harness: every row measured side by side in one process, written to RESULTS.md.
+
+    .venv/bin/python experiments/benchmarks/bench.py                      # full CPU run -> RESULTS.md (7-9 min, 2 cores)
+    .venv/bin/python experiments/benchmarks/bench.py --quick --out /tmp/R.md   # smoke sizes (2-5 min, mostly compiling)
+    .venv/bin/python experiments/benchmarks/bench.py --device gpu         # the GPU section (+ cuDNN, bfloat16)
+    .venv/bin/python experiments/benchmarks/bench.py --quick --rows 2,3   # a subset of the rows, while developing
+
+Rows (see README.md for what each measures and why):
+
+1. ``dot_product_attention`` (default path) vs ``jax.nn.dot_product_attention`` and PyTorch's
+   ``scaled_dot_product_attention``, forward and forward+backward;
+2. plain vs chunked attention: compiled peak memory as ``L`` grows, error and time of chunked vs plain;
+3. additive attention in a decoder ``lax.scan`` at the paper's sizes: naive autodiff vs the fused scorer;
+4. RNNsearch training throughput vs the same architecture in PyTorch (``torch_peers.py``), equal parameters;
+5. beam-search decoding speed for beams 1, 4, 12;
+6. compilations during a bucketed training run (must equal the number of batch shapes, not grow with steps).
+
+Timings are medians of repeated calls after a warm-up call (JAX programs are compiled ahead of time, so
+compilation is never timed), each call ended by ``jax.block_until_ready``; PyTorch runs with ``torch.set_num_threads(<usable cores>)``. Memory is XLA's compiled
+memory analysis (argument + output + temp bytes) of the jitted function, so the large rows are compiled,
+never executed. Running ``--device cpu`` rewrites only the CPU section of ``--out`` and keeps an earlier GPU
+section (and vice versa). Exit status 1 if any row raised (its section then shows the error).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import dataclasses
+import datetime
+import functools
+import logging
+import math
+import os
+import platform
+import re
+import statistics
+import subprocess
+import sys
+import time
+import traceback
+from collections.abc import Callable, Sequence
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+DEFAULT_OUT = os.path.join(HERE, "RESULTS.md")
+NO_GPU = "not measured (no accelerator available on this machine)"
+GIB = 1 << 30
+MIB = 1 << 20
+
+# ------------------------------------------------------------------------------------------------ sizes
+
+
+@dataclasses.dataclass(frozen=True)
+class Sizes:
+    """Every size the rows use; ``FULL`` is the published run, ``QUICK`` the smoke test's."""
+
+    # timing: each measurement repeats until ~budget seconds, at least min and at most max calls
+    min_repeats: int
+    max_repeats: int
+    budget_s: float
+    # row 1
+    dpa_batch: int
+    dpa_heads: int
+    dpa_width: int
+    dpa_lengths: tuple[int, ...]
+    # row 2 (compiled memory only, B=1)
+    mem_heads: int
+    mem_lengths: tuple[int, ...]
+    mem_target_length: int  # the length the "≤ 1/10 of plain" target is checked at
+    err_length: int  # chunked vs plain relative error
+    time_length: int  # chunked / plain time
+    # row 3
+    add_batch: int
+    add_steps: int  # T (decoder steps) == S (source length)
+    add_query: int  # n
+    add_align: int  # A; keys are 2n wide
+    # row 4 / 5 model (RNNConfig sizes) and data
+    vocab: int
+    embed: int
+    hidden: int
+    maxout: int
+    align: int
+    train_batch: int
+    train_length: int  # S == T
+    train_steps: int
+    # row 5
+    beam_batch: int
+    beam_sizes: tuple[int, ...]
+    # row 6
+    bucket_boundaries: tuple[int, ...]
+    compile_steps: int
+
+
+FULL = Sizes(
+    min_repeats=3,
+    max_repeats=20,
+    budget_s=2.0,
+    dpa_batch=4,
+    dpa_heads=8,
+    dpa_width=64,
+    dpa_lengths=(256, 1024, 4096),
+    mem_heads=8,
+    mem_lengths=(1024, 2048, 4096, 8192, 16384, 32768),
+    mem_target_length=16384,
+    err_length=2048,
+    time_length=4096,
+    add_batch=80,
+    add_steps=50,
+    add_query=1000,
+    add_align=1000,
+    vocab=2000,
+    embed=128,
+    hidden=256,
+    maxout=128,
+    align=128,
+    train_batch=32,
+    train_length=30,
+    train_steps=20,
+    beam_batch=32,
+    beam_sizes=(1, 4, 12),
+    bucket_boundaries=(12, 24),  # each bucket is one train_step and one eval_step compilation (~15 s each)
+    compile_steps=16,
+)
+
+QUICK = Sizes(
+    min_repeats=3,
+    max_repeats=10,
+    budget_s=0.2,
+    dpa_batch=1,
+    dpa_heads=8,
+    dpa_width=64,
+    dpa_lengths=(256,),
+    mem_heads=8,
+    mem_lengths=(1024, 2048),
+    mem_target_length=2048,
+    err_length=512,
+    time_length=512,
+    add_batch=8,
+    add_steps=10,
+    add_query=64,
+    add_align=64,
+    vocab=64,
+    embed=16,
+    hidden=32,
+    maxout=16,
+    align=16,
+    train_batch=8,
+    train_length=8,
+    train_steps=3,
+    beam_batch=4,
+    beam_sizes=(1, 12),  # each beam size is one compilation of the search
+    bucket_boundaries=(8, 16),
+    compile_steps=6,
+)
+
+# Targets (README.md says where each comes from).
+DPA_RATIO_MAX = 1.05
+CHUNKED_MEMORY_FRACTION = 0.1
+CHUNKED_REL_ERR_MAX = 1e-5
+CHUNKED_TIME_RATIO_MAX = 1.5
+FUSED_MEMORY_FRACTION = 0.25
+FUSED_TIME_RATIO_MAX = 1.2
+TRAIN_SPEEDUP_MIN = 1.0
+
+# Rows 4-6: Adam as in the paper's successors, with the paper's gradient-norm clipping at 1.
+LEARNING_RATE = 1e-3
+ADAM_EPS = 1e-8
+CLIP_NORM = 1.0
+# Row 6's batch sizes: different from row 4's (32 full, 8 quick), so no shape is already compiled.
+COMPILE_TRAIN_BATCH = 6
+COMPILE_EVAL_BATCH = 10
+
+# ------------------------------------------------------------------------------------------------ formatting
+
+
+def fmt_time(seconds: float) -> str:
+    """A duration with three significant digits in a readable unit."""
+    if seconds < 1e-3:
+        return f"{seconds * 1e6:.3g} µs"
+    if seconds < 1.0:
+        return f"{seconds * 1e3:.3g} ms"
+    return f"{seconds:.3g} s"
+
+
+def fmt_bytes(n: float) -> str:
+    if n >= GIB:
+        return f"{n / GIB:.3g} GiB"
+    return f"{n / MIB:.3g} MiB"
+
+
+def fmt_ratio(x: float) -> str:
+    return f"{x:.3g}"
+
+
+def verdict(ok: bool) -> str:
+    return "met" if ok else "MISSED"
+
+
+@dataclasses.dataclass
+class Section:
+    """One row of the benchmark as Markdown: a heading, a sentence on what was run, tables and notes."""
+
+    title: str
+    setup: str = ""
+    tables: list[tuple[list[str], list[list[str]]]] = dataclasses.field(default_factory=list)
+    notes: list[str] = dataclasses.field(default_factory=list)
+    seconds: float = 0.0
+    cpu_seconds: float = 0.0
+    error: str | None = None
+
+    def table(self, header: list[str], rows: list[list[str]]) -> None:
+        self.tables.append((header, rows))
+
+    def markdown(self) -> str:
+        out = [f"### {self.title}\n"]
+        if self.setup:
+            out.append(self.setup + "\n")
+        for header, rows in self.tables:
+            out.append("| " + " | ".join(header) + " |")
+            out.append("|" + "---|" * len(header))
+            out += ["| " + " | ".join(r) + " |" for r in rows]
+            out.append("")
+        if self.error:
+            out.append(f"**ERROR** (the row did not finish): `{self.error}`\n")
+        out += [f"- {n}" for n in self.notes]
+        out.append(f"\n_Row wall time: {self.seconds:.0f} s (process CPU time {self.cpu_seconds:.0f} s)._\n")
+        return "\n".join(out)
+
+
+# ------------------------------------------------------------------------------------------------ context
+
+
+@dataclasses.dataclass
+class Ctx:
+    """What every row needs: the sizes, the device, the frameworks (imported after the platform is chosen)."""
+
+    sizes: Sizes
+    quick: bool
+    device: str  # "cpu" | "gpu"
+    jax: object
+    jnp: object
+    np: object
+    torch: object | None
+    torch_device: str | None  # None: no PyTorch peer on this device
+    mem_limit: int  # never execute a JAX program whose compiled footprint exceeds this
+
+    def log(self, msg: str) -> None:
+        print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+@dataclasses.dataclass(frozen=True)
+class Timing:
+    median: float  # seconds per call
+    first: float  # the warm-up call (compilation included for JAX)
+    calls: int  # timed calls
+
+
+def measure(
+    ctx: Ctx, call: Callable[[], object], sync: Callable[[], None] | None = None, *, compiles: bool = False
+) -> Timing:
+    """Median seconds of ``call()`` over ``min_repeats``..``max_repeats`` calls (as many as fit ``budget_s``).
+
+    The first call is a warm-up. When ``call`` is already compiled (``compiles=False``) and that call took at
+    least ``budget_s``, it also counts as a sample: warm-up effects are milliseconds, and it saves a
+    multi-second call on the largest sizes. A call that compiles (``compiles=True``) is never a sample.
+    """
+    s = ctx.sizes
+
+    def once() -> float:
+        t0 = time.perf_counter()
+        call()
+        if sync is not None:
+            sync()
+        return time.perf_counter() - t0
+
+    first = once()
+    samples = [] if compiles or first < s.budget_s else [first]
+    if not samples:
+        samples.append(once())
+    n = min(s.max_repeats, max(s.min_repeats, math.ceil(s.budget_s / max(samples[0], 1e-9))))
+    samples += [once() for _ in range(n - len(samples))]
+    return Timing(statistics.median(samples), first, len(samples))
+
+
+def compiled_bytes(compiled) -> int | None:
+    """Argument + output + temp bytes of a compiled JAX program (``None`` if the backend does not say)."""
+    m = compiled.memory_analysis()
+    if m is None:
+        return None
+    return int(m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes)
+
+
+def jax_call(ctx: Ctx, compiled, *args) -> Callable[[], object]:
+    return lambda: ctx.jax.block_until_ready(compiled(*args))
+
+
+def torch_sync(ctx: Ctx) -> Callable[[], None] | None:
+    if ctx.torch_device == "cuda":
+        return ctx.torch.cuda.synchronize
+    return None
+
+
+# ------------------------------------------------------------------------------------------------ row 1
+
+
+def row_dot_product(ctx: Ctx) -> Section:
+    """Default ``dot_product_attention`` vs ``jax.nn.dot_product_attention`` vs torch SDPA."""
+    from attn_jax.attention import dot_product_attention
+
+    jax, jnp, np, s = ctx.jax, ctx.jnp, ctx.np, ctx.sizes
+    b, h, d = s.dpa_batch, s.dpa_heads, s.dpa_width
+    dtypes = ["float32"] + (["bfloat16"] if ctx.device == "gpu" else [])
+    sec = Section(
+        "1. Scaled dot-product attention: attn_jax default path vs jax.nn vs PyTorch",
+        f"B={b}, H={h}, K={d}, self-attention (T = S = L), no mask. attn_jax takes `[B, H, L, K]`, "
+        "`jax.nn.dot_product_attention` `[B, L, H, K]` (inputs transposed outside the timed call), torch "
+        "`[B, H, L, K]`. fwd+bwd = the VJP of all three inputs against a fixed random cotangent. Target: "
+        f"attn_jax default / jax.nn ≤ {DPA_RATIO_MAX}.",
+    )
+    header = ["dtype", "L", "pass", "attn_jax default (path)", "jax.nn", "torch SDPA"]
+    if ctx.device == "gpu":
+        header += ["attn_jax cudnn", "jax.nn cudnn"]
+    header += ["default / jax.nn", "default / torch", "target ≤ 1.05"]
+    rows = []
+    rng = np.random.default_rng(0)
+    for dtype in dtypes:
+        for length in s.dpa_lengths:
+            shape = (b, h, length, d)
+            q, k, v, g = (rng.standard_normal(shape).astype(np.float32) for _ in range(4))
+            jq, jk, jv, jg = (jnp.asarray(x, dtype) for x in (q, k, v, g))
+            tq, tk, tv, tg = (jnp.swapaxes(x, 1, 2) for x in (jq, jk, jv, jg))  # [B, L, H, K] for jax.nn
+
+            def lib(q, k, v, implementation=None):
+                return dot_product_attention(q, k, v, implementation=implementation)
+
+            def ref(q, k, v, implementation=None):
+                return jax.nn.dot_product_attention(q, k, v, implementation=implementation)
+
+            variants = {"default": (lib, None, (jq, jk, jv, jg)), "jax.nn": (ref, None, (tq, tk, tv, tg))}
+            if ctx.device == "gpu":
+                variants["lib cudnn"] = (lib, "cudnn", (jq, jk, jv, jg))
+                variants["jax.nn cudnn"] = (ref, "cudnn", (tq, tk, tv, tg))
+            path = _chosen_path(ctx, jq, jk, jv)
+            for mode in ("fwd", "fwd+bwd"):
+                cells: dict[str, str] = {}
+                times: dict[str, float] = {}
+                for name, (fn, impl, (a1, a2, a3, cot)) in variants.items():
+                    f = functools.partial(fn, implementation=impl)
+                    if mode == "fwd":
+                        prog, args = jax.jit(f), (a1, a2, a3)
+                    else:
+                        prog = jax.jit(lambda a1, a2, a3, cot, f=f: jax.vjp(f, a1, a2, a3)[1](cot))
+                        args = (a1, a2, a3, cot)
+                    try:
+                        compiled = prog.lower(*args).compile()
+                    except Exception as e:  # cuDNN may refuse a dtype/shape: say so in the cell
+                        cells[name] = f"n/a ({type(e).__name__})"
+                        continue
+                    need = compiled_bytes(compiled)
+                    if need is not None and need > ctx.mem_limit:
+                        cells[name] = f"skipped (needs {fmt_bytes(need)})"
+                        continue
+                    ctx.log(f"row 1: {dtype} L={length} {mode} {name}")
+                    t = measure(ctx, jax_call(ctx, compiled, *args))
+                    times[name] = t.median
+                    cells[name] = fmt_time(t.median)
+                if ctx.torch_device is not None:
+                    t = _torch_sdpa(ctx, (q, k, v, g), dtype, mode)
+                    times["torch"] = t.median
+                    cells["torch"] = fmt_time(t.median)
+                else:
+                    cells["torch"] = "n/a (no CUDA PyTorch)"
+                r_ref = times["default"] / times["jax.nn"] if {"default", "jax.nn"} <= times.keys() else None
+                r_torch = times["default"] / times["torch"] if {"default", "torch"} <= times.keys() else None
+                row = [
+                    dtype,
+                    str(length),
+                    mode,
+                    f"{cells['default']} ({path})",
+                    cells["jax.nn"],
+                    cells["torch"],
+                ]
+                if ctx.device == "gpu":
+                    row += [cells["lib cudnn"], cells["jax.nn cudnn"]]
+                row += [
+                    "—" if r_ref is None else fmt_ratio(r_ref),
+                    "—" if r_torch is None else fmt_ratio(r_torch),
+                    "—" if r_ref is None else verdict(r_ref <= DPA_RATIO_MAX),
+                ]
+                rows.append(row)
+    sec.table(header, rows)
+    if ctx.torch_device is not None:
+        sec.notes.append(f"PyTorch SDPA backend for these inputs: {_torch_backend(ctx, (b, h, 256, d))}.")
+    sec.notes.append(
+        "`path` is what `implementation=None` chose: `xla` (plain), `chunked` (one head's logits ≥ 4096², "
+        "see `attn_jax/attention/_dot_product.py`) or `cudnn`; a row where it chose `chunked` compares the "
+        "memory-lean kernel against XLA's fused plain attention."
+    )
+    return sec
+
+
+def _chosen_path(ctx: Ctx, q, k, v) -> str:
+    """Which implementation ``implementation=None`` picks for these operands (read off the program)."""
+    from attn_jax.attention import dot_product_attention
+
+    jax = ctx.jax
+    lowered = jax.jit(dot_product_attention).lower(q, k, v)
+    if "cudnn" in lowered.as_text():
+        return "cudnn"
+    if "custom_vjp_call" in str(jax.make_jaxpr(dot_product_attention)(q, k, v)):
+        return "chunked"
+    return "xla"
+
+
+def _torch_backend(ctx: Ctx, shape: tuple[int, ...]) -> str:
+    """The fused kernel PyTorch's dispatcher picks for differentiable float32 inputs of ``shape``."""
+    torch = ctx.torch
+    try:
+        from torch.nn.attention import SDPBackend
+
+        x = torch.zeros(shape, device=ctx.torch_device, requires_grad=True)
+        return SDPBackend(torch._fused_sdp_choice(x, x, x)).name  # private, but the only way to ask
+    except Exception as e:  # informational only: never fail the row over it
+        return f"unknown ({type(e).__name__})"
+
+
+def _torch_sdpa(ctx: Ctx, arrays, dtype: str, mode: str) -> Timing:
+    torch = ctx.torch
+    import torch.nn.functional as F
+
+    tdtype = getattr(torch, dtype)
+    q, k, v, g = (torch.from_numpy(x).to(ctx.torch_device, tdtype) for x in arrays)
+    ctx.log(f"row 1: {dtype} L={q.shape[2]} {mode} torch")
+    if mode == "fwd":
+
+        def call():
+            with torch.no_grad():
+                return F.scaled_dot_product_attention(q, k, v)
+
+    else:
+        for t in (q, k, v):
+            t.requires_grad_(True)
+
+        def call():
+            for t in (q, k, v):
+                t.grad = None
+            F.scaled_dot_product_attention(q, k, v).backward(g)
+
+    return measure(ctx, call, torch_sync(ctx))
+
+
+# ------------------------------------------------------------------------------------------------ row 2
+
+
+def row_chunked(ctx: Ctx) -> Section:
+    """Plain vs chunked: compiled memory as L grows, chunked's error and time against plain."""
+    from attn_jax.attention import dot_product_attention
+
+    jax, jnp, np, s = ctx.jax, ctx.jnp, ctx.np, ctx.sizes
+    h, d = s.mem_heads, s.dpa_width
+    sec = Section(
+        "2. Chunked (flash-style) vs plain attention: memory, error, time",
+        f"B=1, H={h}, K={d}, self-attention, float32, fwd+bwd (VJP of q, k, v). Memory = XLA's compiled "
+        "memory analysis (argument + output + temp bytes) of the jitted fwd+bwd program: compiled, never run. "
+        f"Targets: chunked ≤ {CHUNKED_MEMORY_FRACTION:g} × plain at L={s.mem_target_length}; relative error "
+        f"≤ {CHUNKED_REL_ERR_MAX:g}; chunked / plain time ≤ {CHUNKED_TIME_RATIO_MAX} (L={s.time_length}); "
+        "chunked memory grows linearly (×2 per doubling of L).",
+    )
+
+    def program(impl):
+        f = functools.partial(dot_product_attention, implementation=impl)
+        return jax.jit(lambda q, k, v, g: jax.vjp(f, q, k, v)[1](g))
+
+    rows, chunked_mem, plain_mem = [], {}, {}
+    for length in s.mem_lengths:
+        spec = jax.ShapeDtypeStruct((1, h, length, d), jnp.float32)
+        ctx.log(f"row 2: compiling L={length}")
+        plain = compiled_bytes(program("xla").lower(spec, spec, spec, spec).compile())
+        chunk = compiled_bytes(program("chunked").lower(spec, spec, spec, spec).compile())
+        chunked_mem[length], plain_mem[length] = chunk, plain
+        prev = chunked_mem.get(length // 2)
+        rows.append(
+            [
+                str(length),
+                fmt_bytes(plain),
+                fmt_bytes(chunk),
+                fmt_ratio(chunk / plain),
+                "—" if prev is None else fmt_ratio(chunk / prev),
+                "—" if prev is None else fmt_ratio(plain / plain_mem[length // 2]),
+            ]
+        )
+    sec.table(
+        [
+            "L",
+            "plain fwd+bwd",
+            "chunked fwd+bwd",
+            "chunked / plain",
+            "chunked(L) / chunked(L/2)",
+            "plain(L) / plain(L/2)",
+        ],
+        rows,
+    )
+    top, below = s.mem_lengths[-1], s.mem_lengths[-1] // 2
+
+    rng = np.random.default_rng(1)
+
+    def inputs(length):
+        return [jnp.asarray(rng.standard_normal((1, h, length, d)), jnp.float32) for _ in range(4)]
+
+    # Error of chunked against plain at a size where plain fits.
+    q, k, v, g = inputs(s.err_length)
+    fwd = {i: jax.jit(functools.partial(dot_product_attention, implementation=i)) for i in ("xla", "chunked")}
+    out = {i: np.asarray(fwd[i](q, k, v), np.float64) for i in fwd}
+    grads = {i: [np.asarray(x, np.float64) for x in program(i)(q, k, v, g)] for i in fwd}
+    rel = float(np.abs(out["chunked"] - out["xla"]).max() / np.abs(out["xla"]).max())
+    rel_grad = max(
+        float(np.abs(a - b).max() / np.abs(b).max())
+        for a, b in zip(grads["chunked"], grads["xla"], strict=True)
+    )
+
+    # Time of chunked against plain.
+    q, k, v, g = inputs(s.time_length)
+    times = {}
+    for mode in ("fwd", "fwd+bwd"):
+        for impl in ("xla", "chunked"):
+            prog, args = (fwd[impl], (q, k, v)) if mode == "fwd" else (program(impl), (q, k, v, g))
+            compiled = prog.lower(*args).compile()
+            ctx.log(f"row 2: timing L={s.time_length} {mode} {impl}")
+            times[mode, impl] = measure(ctx, jax_call(ctx, compiled, *args)).median
+
+    at = s.mem_target_length
+    summary = [
+        [
+            f"chunked / plain memory at L={at}",
+            fmt_ratio(chunked_mem[at] / plain_mem[at]),
+            f"≤ {CHUNKED_MEMORY_FRACTION:g}",
+            verdict(chunked_mem[at] <= CHUNKED_MEMORY_FRACTION * plain_mem[at]),
+        ],
+        [
+            f"max rel. error of the output, L={s.err_length}",
+            f"{rel:.2e}",
+            f"≤ {CHUNKED_REL_ERR_MAX:g}",
+            verdict(rel <= CHUNKED_REL_ERR_MAX),
+        ],
+        [f"max rel. error of dq, dk, dv, L={s.err_length}", f"{rel_grad:.2e}", "(info)", "—"],
+    ]
+    for mode in ("fwd", "fwd+bwd"):
+        ratio = times[mode, "chunked"] / times[mode, "xla"]
+        summary.append(
+            [
+                f"chunked / plain time, {mode}, L={s.time_length} "
+                f"({fmt_time(times[mode, 'chunked'])} / {fmt_time(times[mode, 'xla'])})",
+                fmt_ratio(ratio),
+                f"≤ {CHUNKED_TIME_RATIO_MAX}" if mode == "fwd+bwd" else "(info)",
+                verdict(ratio <= CHUNKED_TIME_RATIO_MAX) if mode == "fwd+bwd" else "—",
+            ]
+        )
+    growth = chunked_mem[top] / chunked_mem[below]
+    summary.append(
+        [
+            f"chunked memory growth L={below} → {top} (plain: {plain_mem[top] / plain_mem[below]:.3g})",
+            fmt_ratio(growth),
+            "≈ 2 (linear; quadratic is 4)",
+            verdict(1.6 <= growth <= 2.4),
+        ]
+    )
+    sec.table(["quantity", "value", "target", "status"], summary)
+    sec.notes.append(
+        "Relative error = max |chunked − plain| / max |plain| (float32 both; plain is the reference path)."
+    )
+    sec.notes.append(
+        "At small L chunked's fixed per-block buffers (query_chunk × key_chunk logits per head) dominate, so "
+        "the growth ratio approaches 2 from below as L grows; the growth target is read at the largest doubling."
+    )
+    return sec
+
+
+# ------------------------------------------------------------------------------------------------ row 3
+
+
+def row_additive(ctx: Ctx) -> Section:
+    """Naive vs fused additive attention inside a decoder scan: time and compiled memory of fwd+bwd."""
+    from attn_jax.attention import additive_attention_step, init_additive_params, project_keys
+
+    jax, jnp, np, s = ctx.jax, ctx.jnp, ctx.np, ctx.sizes
+    b, t, n, a = s.add_batch, s.add_steps, s.add_query, s.add_align
+    sec = Section(
+        "3. Additive attention in a decoder scan: naive autodiff vs fused scorer",
+        f"B={b}, T=S={t}, keys 2n={2 * n}, query n={n}, A={a} (Bahdanau et al. 2015 sizes in the full run), "
+        f"float32. `lax.scan` over T decoder steps as in RNNsearch: `U_a h` once, then per step "
+        "`additive_attention_step(s_{i-1})` and `s_i = tanh(x_i + c_i C)`; gradient of a random projection "
+        "of every `c_i` w.r.t. the scorer's params, the annotations, `C` and the inputs. Targets: fused "
+        f"memory ≤ {FUSED_MEMORY_FRACTION:g} × naive, fused time ≤ {FUSED_TIME_RATIO_MAX} × naive.",
+    )
+    rng = np.random.default_rng(2)
+    params = init_additive_params(jax.random.key(0), n, 2 * n, a)
+    h = jnp.asarray(rng.standard_normal((b, t, 2 * n)), jnp.float32)
+    lengths = rng.integers(t // 2, t + 1, b)
+    mask = jnp.asarray(np.arange(t)[None, :] < lengths[:, None])
+    c_w = jnp.asarray(rng.standard_normal((2 * n, n)) / math.sqrt(2 * n), jnp.float32)
+    xs = jnp.asarray(rng.standard_normal((t, b, n)), jnp.float32)
+    cot = jnp.asarray(rng.standard_normal((t, b, 2 * n)), jnp.float32)
+
+    def loss(params, h, c_w, xs, fused):
+        keys = project_keys(params, h)  # [B, S, A], once per batch
+
+        def step(state, inp):
+            x, g = inp
+            ctx_i, _ = additive_attention_step(params, state, keys, h, mask, fused=fused)
+            return jnp.tanh(x + ctx_i @ c_w), jnp.sum(ctx_i * g)
+
+        _, per_step = jax.lax.scan(step, jnp.zeros((b, n), jnp.float32), (xs, cot))
+        return per_step.sum()
+
+    results = {}
+    for fused in (False, True):
+        prog = jax.jit(jax.grad(functools.partial(loss, fused=fused), argnums=(0, 1, 2, 3)))
+        compiled = prog.lower(params, h, c_w, xs).compile()
+        mem = compiled_bytes(compiled)
+        ctx.log(f"row 3: timing {'fused' if fused else 'naive'}")
+        last = {}  # the last call's gradients, to compare the two variants without another call
+
+        def call(c=compiled, last=last):
+            last["grads"] = jax.block_until_ready(c(params, h, c_w, xs))
+
+        timing = measure(ctx, call)
+        results[fused] = (mem, timing.median, last["grads"])
+    (mem_n, t_n, g_n), (mem_f, t_f, g_f) = results[False], results[True]
+    leaves_n, leaves_f = jax.tree.leaves(g_n), jax.tree.leaves(g_f)
+    rel = max(
+        float(jnp.abs(x - y).max() / jnp.maximum(jnp.abs(y).max(), 1e-30))
+        for x, y in zip(leaves_f, leaves_n, strict=True)
+    )
+    sec.table(
+        ["variant", "fwd+bwd time", "compiled memory"],
+        [
+            ["naive autodiff (`fused=False`)", fmt_time(t_n), fmt_bytes(mem_n)],
+            ["fused (`fused=True`)", fmt_time(t_f), fmt_bytes(mem_f)],
+        ],
+    )
+    sec.table(
+        ["quantity", "value", "target", "status"],
+        [
+            [
+                "fused / naive memory",
+                fmt_ratio(mem_f / mem_n),
+                f"≤ {FUSED_MEMORY_FRACTION:g}",
+                verdict(mem_f <= FUSED_MEMORY_FRACTION * mem_n),
+            ],
+            [
+                "fused / naive time",
+                fmt_ratio(t_f / t_n),
+                f"≤ {FUSED_TIME_RATIO_MAX}",
+                verdict(t_f <= FUSED_TIME_RATIO_MAX * t_n),
+            ],
+            ["max rel. difference of the gradients", f"{rel:.2e}", "(info)", "—"],
+        ],
+    )
+    return sec
+
+
+# ------------------------------------------------------------------------------------------------ row 4
+
+
+def _step_config(ctx: Ctx):
+    """The RNNsearch + Adam configuration rows 4, 5 and 6 share (so they share compiled programs:
+    ``init_train_state`` compiles once per run)."""
+    from attn_jax.models import RNNConfig
+    from attn_jax.train import OptimizerConfig, StepConfig
+
+    s = ctx.sizes
+    model = RNNConfig(
+        src_vocab=s.vocab,
+        tgt_vocab=s.vocab,
+        embed=s.embed,
+        hidden=s.hidden,
+        maxout=s.maxout,
+        align=s.align,
+    )
+    optimizer = OptimizerConfig(name="adam", learning_rate=LEARNING_RATE, eps=ADAM_EPS, clip_norm=CLIP_NORM)
+    return StepConfig(model=model, optimizer=optimizer)
+
+
+def _random_batches(ctx: Ctx, count: int, batch: int, length: int, vocab: int, seed: int):
+    """Fixed-shape token batches ``[batch, length]`` with random true lengths in ``[length/2, length]``."""
+    from attn_jax.data import BOS_ID, EOS_ID, PAD_ID, Batch
+
+    np = ctx.np
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(count):
+        pos = np.arange(length)[None, :]
+        src_len = rng.integers(length // 2, length + 1, batch).astype(np.int32)
+        tgt_len = rng.integers(length // 2, length + 1, batch).astype(np.int32)  # labels incl. </s>
+        src = np.where(pos < src_len[:, None], rng.integers(4, vocab, (batch, length)), PAD_ID).astype(
+            np.int32
+        )
+        words = rng.integers(4, vocab, (batch, length))
+        tgt_out = np.where(pos < tgt_len[:, None] - 1, words, PAD_ID)
+        tgt_out[np.arange(batch), tgt_len - 1] = EOS_ID
+        tgt_in = np.concatenate([np.full((batch, 1), BOS_ID), words[:, :-1]], axis=1)
+        tgt_in = np.where(pos < tgt_len[:, None], tgt_in, PAD_ID)
+        out.append(
+            Batch(
+                src=src,
+                src_len=src_len,
+                tgt_in=tgt_in.astype(np.int32),
+                tgt_out=tgt_out.astype(np.int32),
+                tgt_len=tgt_len,
+                example_id=np.arange(batch, dtype=np.int32),
+            )
+        )
+    return out
+
+
+def row_training(ctx: Ctx) -> Section:
+    """RNNsearch train steps/s in attn_jax (train_step) vs the same network in PyTorch (torch_peers)."""
+    import torch_peers
+
+    from attn_jax.train import init_train_state, param_count, train_step
+
+    jax, np, s = ctx.jax, ctx.np, ctx.sizes
+    step_cfg = _step_config(ctx)
+    cfg = step_cfg.model
+    sec = Section(
+        "4. RNNsearch training throughput: attn_jax vs PyTorch",
+        f"RNNsearch (additive scorer) with vocabularies {cfg.src_vocab}/{cfg.tgt_vocab}, m={cfg.embed}, "
+        f"n={cfg.hidden}, l={cfg.maxout}, A={cfg.align}; batches B={s.train_batch}, S=T={s.train_length} "
+        "(random tokens, random true lengths in [L/2, L]); "
+        f"Adam (lr {LEARNING_RATE:g}, ε {ADAM_EPS:g}) with global-norm clipping at {CLIP_NORM:g}, {s.train_steps} timed steps after 2 warm-up steps, the same batches and the same initial "
+        "parameters on both sides. attn_jax: `attn_jax.train.train_step` (jitted, state donated; each step's "
+        "metrics are fetched, as the training loop does). PyTorch: `torch_peers.TorchRNNsearch` (eager, the "
+        f"paper's GRU written out; {ctx.torch.get_num_threads() if ctx.torch else 0} threads). Target: "
+        f"attn_jax / PyTorch tokens/s ≥ {TRAIN_SPEEDUP_MIN} (aim 1.5).",
+    )
+    n_jax = param_count(cfg)
+    tmodel = torch_peers.TorchRNNsearch(
+        cfg.src_vocab, cfg.tgt_vocab, cfg.embed, cfg.hidden, cfg.maxout, cfg.align
+    )
+    n_torch = torch_peers.param_count(tmodel)
+    ctx.log(f"row 4: parameters attn_jax {n_jax:,}, PyTorch {n_torch:,}")
+    if n_jax != n_torch:  # the comparison is meaningless unless the two networks are the same size
+        raise AssertionError(f"parameter counts differ: attn_jax {n_jax:,} vs PyTorch {n_torch:,}")
+
+    batches = _random_batches(ctx, 4, s.train_batch, s.train_length, cfg.tgt_vocab, seed=3)
+    warmup = 2
+    schedule = [batches[i % len(batches)] for i in range(warmup + s.train_steps)]
+    tokens = sum(int(bt.tgt_len.sum()) for bt in schedule[warmup:])
+
+    device = jax.local_devices()[0]
+    state = jax.device_put(init_train_state(step_cfg, 0), device)
+    torch_peers.load_jax_params(tmodel, jax.device_get(state.params))
+    if ctx.torch_device is not None:
+        tmodel.to(ctx.torch_device)
+    jax_batches = [jax.device_put(bt, device) for bt in schedule]
+
+    ctx.log("row 4: attn_jax")
+    losses_jax, step_times = [], []
+    for i, bt in enumerate(jax_batches):
+        t0 = time.perf_counter()
+        state, metrics = train_step(state, bt, step_cfg)
+        m = jax.device_get(metrics)
+        step_times.append(time.perf_counter() - t0)
+        losses_jax.append(float(m.loss.loss / m.loss.tokens))
+        if i == 0:
+            compile_s = step_times[0]
+    jax_s = sum(step_times[warmup:])
+
+    ctx.log("row 4: PyTorch")
+    torch = ctx.torch
+    tdev = ctx.torch_device or "cpu"
+    step = torch_peers.make_train_step(tmodel, learning_rate=LEARNING_RATE, clip_norm=CLIP_NORM, eps=ADAM_EPS)
+    torch_batches = [
+        tuple(
+            torch.from_numpy(x).to(tdev)
+            for x in (
+                bt.src.astype(np.int64),
+                bt.src_mask,
+                bt.tgt_in.astype(np.int64),
+                bt.tgt_out.astype(np.int64),
+                bt.tgt_mask,
+            )
+        )
+        for bt in schedule
+    ]
+    losses_torch, torch_times = [], []
+    sync = torch_sync(ctx)
+    for tb in torch_batches:
+        t0 = time.perf_counter()
+        losses_torch.append(step(*tb))
+        if sync:
+            sync()
+        torch_times.append(time.perf_counter() - t0)
+    torch_s = sum(torch_times[warmup:])
+
+    jax_tps, torch_tps = tokens / jax_s, tokens / torch_s
+    ratio = jax_tps / torch_tps
+    sec.table(
+        [
+            "framework",
+            "parameters",
+            "target tokens/s",
+            "median step",
+            "first step (compile)",
+            "loss step 1",
+            f"loss step {len(schedule)}",
+        ],
+        [
+            [
+                "attn_jax",
+                f"{n_jax:,}",
+                f"{jax_tps:,.0f}",
+                fmt_time(statistics.median(step_times[warmup:])),
+                fmt_time(compile_s),
+                f"{losses_jax[0]:.5f}",
+                f"{losses_jax[-1]:.5f}",
+            ],
+            [
+                "PyTorch",
+                f"{n_torch:,}",
+                f"{torch_tps:,.0f}",
+                fmt_time(statistics.median(torch_times[warmup:])),
+                fmt_time(torch_times[0]),
+                f"{losses_torch[0]:.5f}",
+                f"{losses_torch[-1]:.5f}",
+            ],
+        ],
+    )
+    sec.table(
+        ["quantity", "value", "target", "status"],
+        [
+            [
+                "attn_jax / PyTorch tokens/s",
+                fmt_ratio(ratio),
+                f"≥ {TRAIN_SPEEDUP_MIN} (aim 1.5)",
+                verdict(ratio >= TRAIN_SPEEDUP_MIN),
+            ],
+            [
+                "max relative loss difference over all steps",
+                f"{max(abs(a - b) / abs(b) for a, b in zip(losses_jax, losses_torch, strict=True)):.1e}",
+                "(info: same function)",
+                "—",
+            ],
+        ],
+    )
+    sec.notes.append(
+        "Equal parameter counts are asserted. The two networks start from the same parameters and see the same "
+        "batches, so their losses should agree to float32 rounding at every step (last two columns): a check "
+        "that the PyTorch peer computes the same function and update."
+    )
+    return sec
+
+
+# ------------------------------------------------------------------------------------------------ row 5
+
+
+def row_beam(ctx: Ctx) -> Section:
+    """Beam-search sentences/s on the row-4 model with random parameters."""
+    from attn_jax.decoding import beam_search
+    from attn_jax.train import build_module, init_train_state
+
+    jax, jnp, np, s = ctx.jax, ctx.jnp, ctx.np, ctx.sizes
+    step_cfg = _step_config(ctx)
+    cfg = step_cfg.model
+    length = s.train_length
+    sec = Section(
+        "5. Beam-search decoding speed",
+        f"`attn_jax.decoding.beam_search` on the row-4 RNNsearch (random parameters), a fixed batch of "
+        f"{s.beam_batch} source sentences of width {length} (true lengths in [L/2, L]), output width "
+        f"`max_length={length}`, α = 0.6, one best hypothesis returned. Compilation (once per beam size) is "
+        "the first-call column and is not in the rate.",
+    )
+    # Row 4's initial parameters: init_train_state is already compiled for this config.
+    model = build_module(cfg, init_train_state(step_cfg, 0).params)
+    rng = np.random.default_rng(4)
+    lens = rng.integers(length // 2, length + 1, s.beam_batch)
+    mask = np.arange(length)[None, :] < lens[:, None]
+    src = jnp.asarray(np.where(mask, rng.integers(4, cfg.src_vocab, (s.beam_batch, length)), 0), jnp.int32)
+    mask = jnp.asarray(mask)
+    rows = []
+    for k in s.beam_sizes:
+        ctx.log(f"row 5: beam {k}")
+        call = lambda k=k: jax.block_until_ready(  # noqa: E731
+            beam_search(model, src, mask, beam_size=k, max_length=length, max_length_ratio=None)
+        )
+        t = measure(ctx, call, compiles=True)
+        rows.append([str(k), f"{s.beam_batch / t.median:,.1f}", fmt_time(t.median), fmt_time(t.first)])
+    sec.table(["beam", "sentences/s", "time per batch", "first call (compile)"], rows)
+    return sec
+
+
+# ------------------------------------------------------------------------------------------------ row 6
+
+
+class _CompileLog(logging.Handler):
+    """Collects JAX's "Compiling <name> ..." records (emitted at DEBUG unless jax_log_compiles is on)."""
+
+    def __init__(self):
+        super().__init__(logging.DEBUG)
+        self.names: list[str] = []
+
+    def emit(self, record):
+        msg = record.getMessage()
+        if msg.startswith("Compiling "):
+            self.names.append(msg.split()[1])
+
+    def count(self, fragment: str) -> int:
+        return sum(fragment in n for n in self.names)
+
+
+def row_compiles(ctx: Ctx) -> Section:
+    """Count compilations of train_step / eval_step over a bucketed run; they must not grow with steps."""
+    from attn_jax.data import (
+        BatchConfig,
+        WordVocabulary,
+        corpus_from_pairs,
+        encode_corpus,
+        make_batch_iterator,
+    )
+    from attn_jax.train import eval_step, init_train_state, train_step
+
+    jax, np, s = ctx.jax, ctx.np, ctx.sizes
+    rng = np.random.default_rng(5)
+    words = [f"w{i}" for i in range(40)]
+    top = s.bucket_boundaries[-1] - 1  # source + </s> and target + <s> fit the last bucket
+
+    def sentence(lo, hi):
+        return " ".join(rng.choice(words, int(rng.integers(lo, hi + 1))))
+
+    pairs = [(sentence(2, top - 1), sentence(2, top - 1)) for _ in range(400)]
+    corpus = corpus_from_pairs(pairs, name="bench")
+    src_vocab = WordVocabulary.build([p[0] for p in pairs])
+    tgt_vocab = WordVocabulary.build([p[1] for p in pairs])
+    encoded = encode_corpus(corpus, src_vocab, tgt_vocab)
+    train_cfg = BatchConfig(batch_size=COMPILE_TRAIN_BATCH, bucket_boundaries=s.bucket_boundaries, seed=0)
+    eval_cfg = BatchConfig(
+        batch_size=COMPILE_EVAL_BATCH,
+        bucket_boundaries=s.bucket_boundaries,
+        shuffle=False,
+        num_epochs=1,
+        drop_remainder=False,
+    )
+    # Row 4's configuration (its vocabulary covers this corpus' ids), so init_train_state is not compiled
+    # again; the batch sizes here differ from row 4's, so every train_step shape is new to this row.
+    step_cfg = _step_config(ctx)
+    if max(src_vocab.size, tgt_vocab.size) > step_cfg.model.src_vocab:
+        raise ValueError(f"row 6's corpus needs a vocabulary of {max(src_vocab.size, tgt_vocab.size)}")
+    sec = Section(
+        "6. Compilations during a bucketed training run",
+        f"A random 400-pair corpus through `attn_jax.data.make_batch_iterator` with buckets "
+        f"{list(s.bucket_boundaries)} (batch {COMPILE_TRAIN_BATCH}), {s.compile_steps} `train_step`s (row 4's "
+        f"model and optimiser), then one `eval_step` pass (batch {COMPILE_EVAL_BATCH}, remainder padded). "
+        "Compilations are counted from JAX's own `Compiling <fn>` log records. "
+        "Target: train_step compilations = distinct training batch shapes seen; none after the first pass "
+        "over the shapes; eval_step compilations = distinct evaluation shapes.",
+    )
+    handler = _CompileLog()
+    logger = logging.getLogger("jax._src.interpreters.pxla")
+    old_level, old_propagate = logger.level, logger.propagate
+    logger.setLevel(logging.DEBUG)
+    logger.propagate = False
+    logger.addHandler(handler)
+    try:
+        device = jax.local_devices()[0]
+        state = jax.device_put(init_train_state(step_cfg, 0), device)
+        train_iter = make_batch_iterator(encoded, train_cfg, prefetch=0)
+        seen, seen_half, compiles_half = set(), set(), 0
+        half = s.compile_steps // 2
+        for i in range(s.compile_steps):
+            batch = next(train_iter)
+            seen.add(batch.src.shape)
+            state, metrics = train_step(state, batch, step_cfg)
+            jax.device_get(metrics)
+            if i + 1 == half:
+                seen_half, compiles_half = set(seen), handler.count("train_step")
+        train_compiles = handler.count("train_step")
+        eval_shapes = set()
+        for batch in make_batch_iterator(encoded, eval_cfg, prefetch=0):
+            eval_shapes.add(batch.src.shape)
+            jax.device_get(eval_step(state.params, batch, step_cfg))
+        eval_compiles = handler.count("eval_step")
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(old_level)
+        logger.propagate = old_propagate
+    new_late = len(seen) - len(seen_half)
+    late = train_compiles - compiles_half
+    rows = [
+        [
+            f"train_step, steps 1–{half}",
+            str(len(seen_half)),
+            str(compiles_half),
+            verdict(compiles_half == len(seen_half)),
+        ],
+        [
+            f"train_step, steps {half + 1}–{s.compile_steps}",
+            f"{new_late} new",
+            str(late),
+            verdict(late == new_late),
+        ],
+        ["train_step, whole run", str(len(seen)), str(train_compiles), verdict(train_compiles == len(seen))],
+        [
+            "eval_step, one pass",
+            str(len(eval_shapes)),
+            str(eval_compiles),
+            verdict(eval_compiles == len(eval_shapes)),
+        ],
+    ]
+    sec.table(["program", "distinct batch shapes", "compilations", "status"], rows)
+    others = collections.Counter(n for n in handler.names if "train_step" not in n and "eval_step" not in n)
+    listed = ", ".join(f"{name} ×{n}" for name, n in sorted(others.items())) or "none"
+    sec.notes.append(
+        f"Training shapes seen: {sorted(seen)}; evaluation shapes: {sorted(eval_shapes)}. Other programs "
+        f"compiled during the run: {listed}."
+    )
+    return sec
+
+
+# ------------------------------------------------------------------------------------------------ driver
+
+ROWS: dict[int, Callable[[Ctx], Section]] = {
+    1: row_dot_product,
+    2: row_chunked,
+    3: row_additive,
+    4: row_training,
+    5: row_beam,
+    6: row_compiles,
+}
+
+
+def machine_info(ctx: Ctx) -> list[tuple[str, str]]:
+    """CPU model and cores, memory, accelerator, versions, date, git commit."""
+    import importlib.metadata
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            names = [ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")]
+        cpu = names[0] if names else cpu
+    except OSError:
+        pass
+    mem = "?"
+    try:
+        with open("/proc/meminfo", encoding="utf-8") as f:
+            kb = int(next(ln for ln in f if ln.startswith("MemTotal")).split()[1])
+        mem = f"{kb / (1 << 20):.1f} GiB"
+    except (OSError, StopIteration):
+        pass
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    info = [
+        ("date", datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")),
+        ("git commit", _git_commit()),
+        ("CPU", f"{cpu}, {os.cpu_count()} logical cores ({usable} usable)"),
+        ("memory", mem),
+        ("platform", platform.platform()),
+        ("JAX devices", ", ".join(str(d.device_kind) for d in ctx.jax.local_devices())),
+        ("load average at start (1 min)", f"{os.getloadavg()[0]:.2f}" if hasattr(os, "getloadavg") else "?"),
+    ]
+    versions = [("python", platform.python_version())]
+    for name in ("jax", "jaxlib", "flax", "optax", "numpy", "torch"):
+        try:
+            versions.append((name, importlib.metadata.version(name)))
+        except importlib.metadata.PackageNotFoundError:
+            versions.append((name, "not installed"))
+    if ctx.torch is not None:
+        versions.append(("torch threads", str(ctx.torch.get_num_threads())))
+    return info + versions
+
+
+def _git_commit() -> str:
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True, timeout=10
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.strip()
+        return (commit or "?") + (" (+ uncommitted changes)" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        return "?"
+
+
+def device_section(ctx: Ctx, sections: Sequence[Section], info, argv: Sequence[str], total_s: float) -> str:
+    name = "CPU" if ctx.device == "cpu" else "GPU"
+    lines = [f"## {name}{' (quick sizes: a smoke run, not the published numbers)' if ctx.quick else ''}\n"]
+    lines.append(
+        f"Command: `python experiments/benchmarks/bench.py {' '.join(argv)}`. Total wall time {total_s:.0f} s.\n"
+    )
+    lines += ["| machine | |", "|---|---|"] + [f"| {k} | {v} |" for k, v in info]
+    lines.append(f"| load average at end (1 min) | {os.getloadavg()[0]:.2f} |\n")
+    status = []
+    for sec in sections:
+        for header, rows in sec.tables:
+            if "status" in header or any(h.startswith("target") for h in header):
+                col = len(header) - 1
+                status += [r[col] for r in rows if r[col] in ("met", "MISSED")]
+    lines.append(
+        f"Targets: {status.count('met')} met, {status.count('MISSED')} MISSED"
+        + (
+            f", {sum(s.error is not None for s in sections)} row(s) failed"
+            if any(s.error for s in sections)
+            else ""
+        )
+        + ".\n"
+    )
+    lines += [sec.markdown() for sec in sections]
+    return "\n".join(lines)
+
+
+HEADER = """# attn_jax benchmarks
+
+Written by `experiments/benchmarks/bench.py` (see README.md there for what each row measures and how to run
+it). Times are medians after a warm-up call; ratios are attn_jax / peer (lower is better for times and memory,
+higher for throughput). A target column says **met** or **MISSED**; nothing here is edited by hand.
+"""
+
+
+def _marker(device: str, end: bool = False) -> str:
+    return f"<!-- {'/' if end else ''}section:{device} -->"
+
+
+def write_results(path: str, device: str, body: str) -> None:
+    """Replace this device's section of ``path``, keeping the other device's section if it is there."""
+    sections = {"cpu": None, "gpu": None}
+    if os.path.exists(path):
+        with open(path, encoding="utf-8") as f:
+            old = f.read()
+        for d in sections:
+            m = re.search(re.escape(_marker(d)) + r"\n(.*?)\n" + re.escape(_marker(d, end=True)), old, re.S)
+            if m:
+                sections[d] = m.group(1)
+    sections[device] = body
+    if sections["cpu"] is None:
+        sections["cpu"] = "## CPU\n\nnot measured yet (run `bench.py --device cpu`)."
+    if sections["gpu"] is None:
+        sections["gpu"] = f"## GPU\n\n{NO_GPU}."
+    text = HEADER + "".join(
+        f"\n{_marker(d)}\n{sections[d]}\n{_marker(d, end=True)}\n" for d in ("cpu", "gpu")
+    )
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(text)
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help="smoke sizes: every row in about a minute")
+    p.add_argument("--device", choices=("cpu", "gpu"), default="cpu", help="where JAX (and PyTorch) run")
+    p.add_argument("--out", default=DEFAULT_OUT, help="the Markdown file to write (default: %(default)s)")
+    p.add_argument("--rows", default="1,2,3,4,5,6", help="comma-separated row numbers (default: all)")
+    return p.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    rows = [int(r) for r in args.rows.split(",") if r.strip()]
+    if unknown := [r for r in rows if r not in ROWS]:
+        raise SystemExit(f"unknown rows {unknown}; choose from {sorted(ROWS)}")
+    # The platform must be fixed before JAX is imported.
+    if args.device == "cpu":
+        os.environ["JAX_PLATFORMS"] = "cpu"
+    else:
+        os.environ.pop("JAX_PLATFORMS", None)
+    sys.path.insert(0, HERE)  # torch_peers
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    if args.device == "gpu" and jax.default_backend() != "gpu":
+        print(
+            f"--device gpu: JAX's backend is {jax.default_backend()!r}; GPU section: {NO_GPU}",
+            file=sys.stderr,
+        )
+        write_results(args.out, "gpu", f"## GPU\n\n{NO_GPU}.")
+        return 1
+    try:
+        import torch
+    except ImportError:
+        torch = None
+    torch_device = None
+    if torch is not None:
+        usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+        torch.set_num_threads(usable)
+        if args.device == "cpu":
+            torch_device = "cpu"
+        elif torch.cuda.is_available():
+            torch_device = "cuda"
+    ctx = Ctx(
+        sizes=QUICK if args.quick else FULL,
+        quick=args.quick,
+        device=args.device,
+        jax=jax,
+        jnp=jnp,
+        np=np,
+        torch=torch,
+        torch_device=torch_device,
+        mem_limit=12 * GIB if args.device == "cpu" else 60 * GIB,
+    )
+    if torch is None:
+        ctx.log("PyTorch is not installed: the PyTorch columns say n/a (install the `bench` extra)")
+    info = machine_info(ctx)
+    start = time.perf_counter()
+    sections = []
+    for r in rows:
+        t0, c0 = time.perf_counter(), time.process_time()
+        try:
+            if r == 4 and torch is None:
+                raise RuntimeError("row 4 needs PyTorch (pip install -e '.[bench]')")
+            sec = ROWS[r](ctx)
+        except Exception as e:  # one failing row must not hide the others' numbers
+            traceback.print_exc()
+            sec = Section(f"{r}. {ROWS[r].__doc__.splitlines()[0]}", error=f"{type(e).__name__}: {e}")
+        sec.seconds, sec.cpu_seconds = time.perf_counter() - t0, time.process_time() - c0
+        ctx.log(f"row {r} done in {sec.seconds:.0f} s (CPU {sec.cpu_seconds:.0f} s)")
+        sections.append(sec)
+    total = time.perf_counter() - start
+    write_results(args.out, args.device, device_section(ctx, sections, info, argv, total))
+    ctx.log(f"wrote {args.out} ({total:.0f} s)")
+    return 1 if any(sec.error for sec in sections) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,187 @@
+"""PyTorch peers for the benchmark harness: RNNsearch written the way ``attn_jax`` writes it, and its train step.
+
+:class:`TorchRNNsearch` is Bahdanau, Cho & Bengio (2015), appendix A, with exactly the equations, parameter
+shapes and wiring of ``attn_jax/models/rnnsearch.py`` (scorer ``additive``, no input feeding) and
+``attn_jax/nn/recurrent.py``:
+
+* encoder: shared source embedding, a forward and a backward GRU with the paper's reset gate *before* ``U``
+  (``h̃ = tanh(W x + U[r ∘ h] + b)`` — not ``torch.nn.GRU``, which computes ``r ∘ (U h + b)``); masked steps
+  carry the state, annotations ``[→h; ←h]`` are zero at padding;
+* ``s_0 = tanh(W_s ←h_1 + b_s)``;
+* decoder step ``i``: additive attention ``e_ij = vᵀ tanh(W_q s_{i-1} + U_a h_j + b)`` (``U_a h_j`` once per
+  batch), masked softmax over the source, ``c_i = Σ α_ij h_j``, then ``s_i = GRU(s_{i-1}; W E y_{i-1} + C c_i)``;
+* deep output after the loop: ``t_i = maxout_2(U_o s_{i-1} + V_o E y_{i-1} + C_o c_i + b_o)``,
+  ``logits = W_o t_i + b``.
+
+Parameters are stored with the JAX layouts flattened to matrices (``w_x [m, 3·n]`` is ``[m, 3, n]`` row-major),
+so :func:`load_jax_params` copies an ``attn_jax`` parameter dict in without any transposition and
+:func:`param_count` equals ``attn_jax.train.param_count``. Nothing here imports JAX.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+__all__ = ["TorchRNNsearch", "load_jax_params", "make_train_step", "param_count"]
+
+
+def _normal(*shape: int, std: float = 0.01) -> nn.Parameter:
+    return nn.Parameter(torch.randn(*shape) * std)
+
+
+def _orthogonal_blocks(n: int, gates: int) -> nn.Parameter:
+    """``[n, gates·n]``: every ``n × n`` block orthogonal (appendix B.1)."""
+    return nn.Parameter(torch.cat([nn.init.orthogonal_(torch.empty(n, n)) for _ in range(gates)], dim=1))
+
+
+class _GRU(nn.Module):
+    """The paper's GRU: ``{"w_x": [Din, 3n], "u": [n, 3n], "b": [3n]}`` (+ ``"w_c": [Dc, 3n]``), gates z, r, h̃."""
+
+    def __init__(self, in_features: int, hidden: int, context_features: int | None = None):
+        super().__init__()
+        self.n = hidden
+        self.w_x = _normal(in_features, 3 * hidden)
+        self.u = _orthogonal_blocks(hidden, 3)
+        self.b = nn.Parameter(torch.zeros(3 * hidden))
+        self.w_c = None if context_features is None else _normal(context_features, 3 * hidden)
+
+    def project(self, x: torch.Tensor) -> torch.Tensor:
+        """``W x + b`` for every gate, ``[..., 3n]`` (all time steps at once, as attn_jax does)."""
+        return x @ self.w_x + self.b
+
+    def cell(self, h: torch.Tensor, x_proj: torch.Tensor) -> torch.Tensor:
+        """One step from the previous state and the input projection ``[B, 3n]``."""
+        n = self.n
+        zr = torch.sigmoid(x_proj[:, : 2 * n] + h @ self.u[:, : 2 * n])
+        z, r = zr[:, :n], zr[:, n:]
+        candidate = torch.tanh(x_proj[:, 2 * n :] + (r * h) @ self.u[:, 2 * n :])
+        return (1.0 - z) * h + z * candidate
+
+    def scan(self, x_proj: torch.Tensor, mask: torch.Tensor, *, reverse: bool = False):
+        """``(states [B, S, n], final [B, n])``; masked steps carry the state (attn_jax ``gru_scan``)."""
+        batch, steps = x_proj.shape[:2]
+        h = x_proj.new_zeros(batch, self.n)
+        states: list[torch.Tensor] = [None] * steps  # type: ignore[list-item]
+        order = range(steps - 1, -1, -1) if reverse else range(steps)
+        for t in order:
+            h = torch.where(mask[:, t, None], self.cell(h, x_proj[:, t]), h)
+            states[t] = h
+        return torch.stack(states, dim=1), h
+
+
+class TorchRNNsearch(nn.Module):
+    """RNNsearch (additive scorer) in PyTorch with ``attn_jax.models.RNNsearch``'s parameters and equations.
+
+    Args:
+      src_vocab, tgt_vocab: vocabulary sizes ``K_x``, ``K_y``.
+      embed, hidden, maxout, align: ``m``, ``n``, ``l``, ``n'`` as in ``attn_jax.models.RNNConfig``.
+    """
+
+    def __init__(self, src_vocab: int, tgt_vocab: int, embed: int, hidden: int, maxout: int, align: int):
+        super().__init__()
+        m, n, lo, a = embed, hidden, maxout, align
+        self.n, self.lo = n, lo
+        self.src_embed = _normal(src_vocab, m)
+        self.tgt_embed = _normal(tgt_vocab, m)
+        self.enc_fwd = _GRU(m, n)
+        self.enc_bwd = _GRU(m, n)
+        self.w_s = _normal(n, n)
+        self.b_s = nn.Parameter(torch.zeros(n))
+        self.dec = _GRU(m, n, context_features=2 * n)
+        # Additive scorer: fan-in scaled as attn_jax.attention.init_additive_params.
+        self.att_w_q = nn.Parameter(torch.randn(n, a) / n**0.5)
+        self.att_w_k = nn.Parameter(torch.randn(2 * n, a) / (2 * n) ** 0.5)
+        self.att_v = nn.Parameter(torch.randn(a) / a**0.5)
+        self.att_b = nn.Parameter(torch.zeros(a))
+        # Deep output: [in, l·2] with each maxout pair adjacent (attn_jax's [in, l, 2] row-major).
+        self.u_o = _normal(n, 2 * lo)
+        self.v_o = _normal(m, 2 * lo)
+        self.c_o = _normal(2 * n, 2 * lo)
+        self.b_o = nn.Parameter(torch.zeros(2 * lo))
+        self.w_o = _normal(lo, tgt_vocab)
+        self.b_w = nn.Parameter(torch.zeros(tgt_vocab))
+
+    def forward(self, src: torch.Tensor, src_mask: torch.Tensor, tgt_in: torch.Tensor) -> torch.Tensor:
+        """Teacher forcing: logits ``[B, T, V]`` (float32)."""
+        x = F.embedding(src, self.src_embed)  # [B, S, m]
+        fwd, _ = self.enc_fwd.scan(self.enc_fwd.project(x), src_mask)
+        bwd, backward_first = self.enc_bwd.scan(self.enc_bwd.project(x), src_mask, reverse=True)
+        memory = torch.cat([fwd, bwd], dim=-1) * src_mask[..., None]  # [B, S, 2n], zero at padding
+        keys = memory @ self.att_w_k + self.att_b  # U_a h_j + b, once per batch: [B, S, A]
+        s = torch.tanh(backward_first @ self.w_s + self.b_s)  # s_0
+
+        emb = F.embedding(tgt_in, self.tgt_embed)  # [B, T, m]
+        emb_proj = self.dec.project(emb)  # [B, T, 3n]: every W E y_{i-1} + b in one matmul
+        fill = torch.finfo(torch.float32).min
+        states, contexts = [], []
+        for i in range(tgt_in.shape[1]):
+            energies = torch.tanh((s @ self.att_w_q)[:, None, :] + keys) @ self.att_v  # [B, S]
+            weights = torch.softmax(energies.masked_fill(~src_mask, fill), dim=-1)
+            ctx = torch.einsum("bs,bsd->bd", weights, memory)  # c_i: [B, 2n]
+            states.append(s)
+            contexts.append(ctx)
+            s = self.dec.cell(s, emb_proj[:, i] + ctx @ self.dec.w_c)
+        s_prev = torch.stack(states, dim=1)  # [B, T, n]: s_{i-1}, as the deep output reads it
+        ctx = torch.stack(contexts, dim=1)  # [B, T, 2n]
+        pre = s_prev @ self.u_o + emb @ self.v_o + ctx @ self.c_o + self.b_o  # [B, T, 2l]
+        readout = pre.view(*pre.shape[:-1], self.lo, 2).amax(dim=-1)  # maxout over adjacent pairs
+        return readout @ self.w_o + self.b_w
+
+
+def param_count(model: nn.Module) -> int:
+    """Number of scalar parameters."""
+    return sum(p.numel() for p in model.parameters())
+
+
+def load_jax_params(model: TorchRNNsearch, params: dict) -> None:
+    """Copy an ``attn_jax`` RNNsearch parameter dict (``nnx.to_pure_dict``, NumPy or JAX arrays) into ``model``."""
+
+    def put(param: nn.Parameter, value) -> None:
+        array = np.asarray(value, np.float32).reshape(tuple(param.shape))
+        with torch.no_grad():
+            param.copy_(torch.from_numpy(array.copy()))
+
+    def gru(module: _GRU, p: dict) -> None:
+        for name in ("w_x", "u", "b", "w_c"):
+            if name in p:
+                put(getattr(module, name), p[name])
+
+    put(model.src_embed, params["src_embed"]["embedding"])
+    put(model.tgt_embed, params["tgt_embed"]["embedding"])
+    gru(model.enc_fwd, params["encoder"]["forward"]["params"])
+    gru(model.enc_bwd, params["encoder"]["backward"]["params"])
+    put(model.w_s, params["init_state"]["w_s"])
+    put(model.b_s, params["init_state"]["b_s"])
+    gru(model.dec, params["decoder"]["params"])
+    att = params["attention"]["params"]
+    for name in ("w_q", "w_k", "v", "b"):
+        put(getattr(model, f"att_{name}"), att[name])
+    out = params["output"]["params"]
+    for name in ("u_o", "v_o", "c_o", "b_o", "w_o", "b_w"):
+        put(getattr(model, name), out[name])
+
+
+def token_loss(logits: torch.Tensor, tgt_out: torch.Tensor, tgt_mask: torch.Tensor) -> torch.Tensor:
+    """``Σ NLL / Σ tokens`` over the real target tokens (``attn_jax.train`` objective, no smoothing)."""
+    nll = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tgt_out.reshape(-1), reduction="none")
+    mask = tgt_mask.reshape(-1).to(nll.dtype)
+    return (nll * mask).sum() / mask.sum().clamp_min(1.0)
+
+
+def make_train_step(model: TorchRNNsearch, *, learning_rate: float, clip_norm: float, eps: float = 1e-8):
+    """A ``step(src, src_mask, tgt_in, tgt_out, tgt_mask) -> loss`` closure: Adam with global-norm clipping."""
+    optimizer = torch.optim.Adam(model.parameters(), lr=learning_rate, eps=eps)
+
+    def step(src, src_mask, tgt_in, tgt_out, tgt_mask) -> float:
+        optimizer.zero_grad(set_to_none=True)
+        loss = token_loss(model(src, src_mask, tgt_in), tgt_out, tgt_mask)
+        loss.backward()
+        if clip_norm > 0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), clip_norm)
+        optimizer.step()
+        return float(loss.detach())
+
+    return step
