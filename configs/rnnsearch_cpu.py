@@ -26,13 +26,17 @@ from attn_jax.train import default_config, smoke_config
 def get_config(arg: str | None = None):
     c = default_config()
     c.seed = 0
-    c.num_train_steps = 1500
+    c.num_train_steps = 3000
     c.log_every = 50
-    c.eval_every = 250
-    c.checkpoint_every = 250
+    c.eval_every = 500
+    c.checkpoint_every = 500
     c.model.update(arch="rnnsearch", scorer="additive", embed=64, hidden=128, maxout=64, align=64)
-    c.optimizer.update(name="adam", learning_rate=2e-3, eps=1e-8, clip_norm=1.0, warmup_steps=100)
-    c.data.update(corpus="synthetic", synthetic="small", max_source_length=30, max_target_length=30)
+    c.optimizer.update(name="adam", learning_rate=6e-3, eps=1e-8, clip_norm=1.0, warmup_steps=100)
+    # 20,000 generated pairs of 3-30 words (requested; a clause may overshoot, pairs over 30 words are dropped).
+    c.data.update(corpus="synthetic", synthetic="custom", max_source_length=30, max_target_length=30)
+    c.data.synthetic_spec.update(
+        train_size=20_000, validation_size=500, test_per_bucket=100, seed=0, min_length=3, max_length=30
+    )
     c.data.update(batch_size=32, eval_batch_size=64, bucket_boundaries=(16, 24, 32))
     if arg == "smoke":
         return smoke_config(c)
