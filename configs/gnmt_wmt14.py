@@ -27,7 +27,9 @@ def get_config(arg: str | None = None):
     c.model.update(embed=1024, hidden=1024, align=1024, encoder_layers=8, decoder_layers=8, residual_start=3)
     c.optimizer.update(name="adam", learning_rate=2e-4, eps=1e-8, clip_norm=5.0, warmup_steps=2_000)
     c.data.update(corpus="tfds", tfds_name="wmt14_translate/fr-en", source_key="en", target_key="fr")
-    c.data.update(src_vocab_size=32_000, tgt_vocab_size=32_000, max_source_length=50, max_target_length=50)
+    # 31,996 words + 4 specials = 32,000 rows: divisible by 8, so tensor parallelism over 8 devices splits the
+    # embeddings and the softmax evenly (32,000 words would give 32,004 rows, replicated under model=8).
+    c.data.update(src_vocab_size=31_996, tgt_vocab_size=31_996, max_source_length=50, max_target_length=50)
     c.data.update(batch_size=128, eval_batch_size=128, bucket_boundaries=(16, 24, 32, 48, 64))
     if arg == "smoke":
         return smoke_config(c)

@@ -124,9 +124,15 @@ def make_sharded_train_step(
     """
     state_shardings = train_state_shardings(config, mesh, rules, strict=strict)
     metrics_sharding = replicated(mesh)  # a prefix: every metric leaf
+    # Build (and cache) the module structure outside any mesh context: nnx.eval_shape inside `jax.set_mesh` would
+    # try to resolve the logical axis names against the mesh.
+    _step._graphdef(config.model)
 
     def sharded_train_step(state: TrainState, batch) -> tuple[TrainState, TrainMetrics]:
-        return _step.train_step(state, batch, config)
+        # The mesh is ambient inside the trace, so a model that pipelines its layers (GNMT's pipelined_stack under
+        # jax.shard_map) finds it without the caller having to lower the step under `jax.set_mesh`.
+        with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+            return _step.train_step(state, batch, config)
 
     return jax.jit(
         sharded_train_step,
