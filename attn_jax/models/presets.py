@@ -32,12 +32,18 @@ class RNNConfig:
       embed: ``m``, word-embedding width (paper: 620).
       hidden: ``n``, GRU state width of encoder and decoder (paper: 1000).
       maxout: ``l``, units after the maxout of the deep output (paper: 500; ``2l`` before pooling).
-      align: ``n'``, alignment width of the additive scorer and of local-p's position predictor (paper: 1000).
+      align: ``n'``, alignment width of the additive scorer, of local-p's position predictor and of the
+        intra-attention scorer (paper: 1000).
       scorer: RNNsearch's attention score: ``additive`` (the paper), ``normed_additive`` (weight-normalised
         ``v``), ``dot``, ``general`` (Luong et al. 2015), ``local-p`` (Luong's predictive local attention with
         the general score). Ignored by RNNenc.
       input_feeding: Luong-style input feeding (RNNsearch only): the previous step's maxout readout
         ``t_{i-1}`` is an extra input of the decoder GRU. See ``attn_jax.models.rnnsearch``.
+      intra_attention: an LSTMN-style intra-attention encoder (Cheng, Dong & Lapata 2016, with a GRU): at each
+        source position the encoder GRU's previous state is replaced by an additive-attention summary of the
+        states it has already produced (RNNsearch: in both directions; RNNenc: in its one encoder). Its scorer
+        has width ``align``. Off (the default) leaves both models exactly as the papers'. See
+        ``attn_jax.nn.intra``.
       local_window: ``D``, half-width of the local-p window (Luong: 10).
       param_dtype: dtype the parameters are stored in.
       dtype: compute dtype of matmul operands and activations (``"bfloat16"`` for mixed precision; recurrent
@@ -53,6 +59,7 @@ class RNNConfig:
     align: int = 1000
     scorer: Scorer = "additive"
     input_feeding: bool = False
+    intra_attention: bool = False
     local_window: int = 10
     param_dtype: str = "float32"
     dtype: str = "float32"
@@ -68,6 +75,8 @@ class RNNConfig:
             raise ValueError(f"model config: scorer must be one of {', '.join(SCORERS)}; got {self.scorer!r}")
         if not isinstance(self.input_feeding, bool):
             raise ValueError(f"model config: input_feeding must be a bool, got {self.input_feeding!r}")
+        if not isinstance(self.intra_attention, bool):
+            raise ValueError(f"model config: intra_attention must be a bool, got {self.intra_attention!r}")
         if self.input_feeding and self.arch != "rnnsearch":
             raise ValueError(
                 "model config: input_feeding needs attention (arch='rnnsearch'); RNNenc has none"

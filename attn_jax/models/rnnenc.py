@@ -14,6 +14,11 @@ the deep output::
     s_i = GRU(s_{i-1}; E y_{i-1}, c)       s̃_i = tanh(W E y_{i-1} + U[r_i ∘ s_{i-1}] + C c)
     t_i = maxout_2(U_o s_{i-1} + V_o E y_{i-1} + C_o c),   p(y_i | ·) = softmax(W_o t_i)
 
+Intra-attention encoder (``intra_attention=True``; off by default, which leaves the model exactly as above): the
+encoder GRU becomes an LSTMN-style intra-attention GRU (Cheng, Dong & Lapata 2016, with a GRU;
+``attn_jax.nn.intra``), ``h_j = GRU(E x_j, h̃_j)`` with ``h̃_j = Σ_{k<j} s_{jk} h_k`` an additive-attention summary
+(width ``n'``, ``align``) of the states already produced; ``c`` is still read from the state at the last real word.
+
 Two deliberate choices, so that the two models differ only in how the context is formed: the reset gate is
 applied as in Bahdanau's decoder (``U[r ∘ s]``; Cho et al.'s decoder writes ``r ∘ (U s + C c)``), and the deep
 output reads ``s_{i-1}`` as in Bahdanau's appendix A.2.2 (Cho et al. read the new state).
@@ -29,6 +34,7 @@ from attn_jax.models.interface import EncoderOutput, RNNDecoderState, check_sour
 from attn_jax.models.presets import RNNConfig
 from attn_jax.models.rnnsearch import make_embedding, normal_param
 from attn_jax.nn._params import partitioned, unwrap
+from attn_jax.nn.intra import IntraGRU
 from attn_jax.nn.recurrent import GRUCell, MaxoutOutput, linear
 from attn_jax.typing import Array, Bool, Float, Int
 
@@ -56,7 +62,10 @@ class RNNenc(nnx.Module):
         pd, cd = jnp.dtype(config.param_dtype), jnp.dtype(config.dtype)
         self.src_embed = make_embedding(config.src_vocab, m, param_dtype=pd, dtype=cd, rngs=rngs)
         self.tgt_embed = make_embedding(config.tgt_vocab, m, param_dtype=pd, dtype=cd, rngs=rngs)
-        self.encoder = GRUCell(m, n, param_dtype=pd, dtype=cd, rngs=rngs)
+        if config.intra_attention:
+            self.encoder = IntraGRU(m, n, config.align, param_dtype=pd, dtype=cd, rngs=rngs)
+        else:
+            self.encoder = GRUCell(m, n, param_dtype=pd, dtype=cd, rngs=rngs)
         self.summary = nnx.Dict(
             w_v=normal_param(rngs.params(), (n, n), ("hidden_in", "hidden"), pd),
             b_v=partitioned(jnp.zeros((n,), pd), ("hidden",)),
@@ -71,7 +80,11 @@ class RNNenc(nnx.Module):
     def encode(self, src: Int[Array, "B S"], src_mask: Bool[Array, "B S"]) -> EncoderOutput:
         """``c = tanh(V h_{T_x} + b_V)`` ``[B, n]`` (float32) as ``summary``; no memory, no keys."""
         check_source(src, src_mask)
-        _, last = self.encoder.scan(self.encoder.project_inputs(self.src_embed(src)), src_mask)
+        emb = self.src_embed(src)
+        if self.config.intra_attention:
+            _, last = self.encoder(emb, src_mask)
+        else:
+            _, last = self.encoder.scan(self.encoder.project_inputs(emb), src_mask)
         p = unwrap(self.summary)
         c = jnp.tanh(linear(last, p["w_v"], self.config.dtype) + p["b_v"].astype(jnp.float32))
         return EncoderOutput(memory=None, keys=None, mask=src_mask, summary=c)

@@ -39,6 +39,14 @@ fed vector reaches the attention one step later than in Luong's design (where th
 unchanged. Note that Bahdanau's GRU already receives ``c_i``, which is why Luong et al. call the two designs
 similar.
 
+Intra-attention encoder (``intra_attention=True``; off by default, which leaves the model exactly as above).
+Both encoder GRUs become LSTMN-style intra-attention GRUs (Cheng, Dong & Lapata 2016, with the GRU in place of
+their LSTM; ``attn_jax.nn.intra``): at word ``j`` the previous state is replaced by an additive-attention summary
+of the states the direction has already produced, ``→h̃_j = Σ_{k<j} s_{jk} →h_k`` (the backward direction
+attends over ``←h_k``, ``k > j``), and ``→h_j = GRU(E x_j, →h̃_j)``; the scores are
+``vᵀ tanh(W_h h_k + W_x E x_j + W_h̃ h̃_{j-1} + b)`` with width ``n'`` (``align``), one scorer per direction.
+Padding is neither read nor attended; the annotations, ``←h_1`` and the decoder are unchanged in form.
+
 Where the paper is silent or this code departs from it: biases are kept (GRU, ``b_s``, ``b_o``, output bias;
 the paper omits them from its equations); the deep output reads ``s_{i-1}`` exactly as appendix A.2.2 writes
 it (section 3.1's ``g(y_{i-1}, s_i, c_i)`` would read ``s_i``); the scorers' parameters are initialised by
@@ -58,6 +66,7 @@ from attn_jax.models.interface import EncoderOutput, RNNDecoderState, check_sour
 from attn_jax.models.presets import RNNConfig
 from attn_jax.nn._params import partitioned, unwrap, wrap
 from attn_jax.nn.attention import AdditiveAttention
+from attn_jax.nn.intra import BidirectionalIntraGRU
 from attn_jax.nn.recurrent import BidirectionalGRU, GRUCell, MaxoutOutput, linear
 from attn_jax.typing import Array, Bool, Float, Int
 
@@ -97,7 +106,10 @@ class RNNsearch(nnx.Module):
         pd, cd = jnp.dtype(config.param_dtype), jnp.dtype(config.dtype)
         self.src_embed = make_embedding(config.src_vocab, m, param_dtype=pd, dtype=cd, rngs=rngs)
         self.tgt_embed = make_embedding(config.tgt_vocab, m, param_dtype=pd, dtype=cd, rngs=rngs)
-        self.encoder = BidirectionalGRU(m, n, param_dtype=pd, dtype=cd, rngs=rngs)
+        if config.intra_attention:
+            self.encoder = BidirectionalIntraGRU(m, n, config.align, param_dtype=pd, dtype=cd, rngs=rngs)
+        else:
+            self.encoder = BidirectionalGRU(m, n, param_dtype=pd, dtype=cd, rngs=rngs)
         self.init_state = nnx.Dict(
             w_s=normal_param(rngs.params(), (n, n), ("hidden_in", "hidden"), pd),
             b_s=partitioned(jnp.zeros((n,), pd), ("hidden",)),
