@@ -4,6 +4,13 @@
     attn-jax train --config configs/rnnsearch_cpu.py:smoke --workdir /tmp/smoke          # a seconds-long variant
     attn-jax train --config configs/rnnsearch50.py --workdir runs/rnnsearch50 --config.data.batch_size=40
     attn-jax train --config configs/rnnsearch50.py --workdir runs/rnnsearch50 --resume   # after a crash/kill
+    attn-jax train --config configs/rnnsearch50.py --workdir runs/r50 --config.parallel.strategy=data  # all devices
+
+Several processes (hosts) train one model together: start the same command on each, with the address of process
+0 and each process's index (``--coordinator HOST:PORT --num-processes N --process-id I``), the workdir on a
+filesystem all of them see, and a ``parallel.strategy`` other than ``none``; under Slurm (``srun``), ``mpirun``
+or a multi-host TPU slice the three flags are detected. If a process dies, the others stop within
+``--heartbeat-timeout`` seconds (the JAX runtime terminates them); restart every process with ``--resume``.
 
 Every config field can be overridden with ``--config.<key>=<value>`` (or ``--config.<key> <value>``); the value
 is parsed as the field's type (``true``/``false`` for booleans, ``16,32`` for tuples). The workdir receives
@@ -11,7 +18,7 @@ is parsed as the field's type (``true``/``false`` for booleans, ``16,32`` for tu
 
 Exit status: 0 done; 1 the corpus cannot be read or the machine ran out of memory; 2 a bad flag, config file,
 key or value (one line on stderr, no traceback); 3 training diverged (NaN/inf loss; nothing saved after the last
-good checkpoint); 130 interrupted.
+good checkpoint); 4 the processes of a multi-process run could not join or a peer failed; 130 interrupted.
 """
 
 from __future__ import annotations
@@ -53,7 +60,8 @@ def add_train_parser(subparsers) -> argparse.ArgumentParser:
             "--config.optimizer.name=adam --config.data.bucket_boundaries=16,32); see configs/*.py and "
             "attn_jax/train/_config.py for the schema. A config file is PATH.py or PATH.py:VARIANT (e.g. "
             ":smoke). Set JAX_COMPILATION_CACHE_DIR to reuse compiled steps across runs. Exit status: 0 done, "
-            "1 corpus or memory error, 2 bad flag/config, 3 diverged (NaN/inf), 130 interrupted."
+            "1 corpus or memory error, 2 bad flag/config, 3 diverged (NaN/inf), 4 multi-process failure, "
+            "130 interrupted."
         ),
     )
     p.add_argument(
@@ -75,6 +83,31 @@ def add_train_parser(subparsers) -> argparse.ArgumentParser:
         choices=("auto", "bar", "lines"),
         default="auto",
         help="progress bar (a terminal) or plain log lines (default: %(default)s = bar on a terminal)",
+    )
+    group = p.add_argument_group(
+        "multi-process runs",
+        "the same command on every process; needs --config.parallel.strategy other than none",
+    )
+    group.add_argument(
+        "--coordinator",
+        metavar="HOST:PORT",
+        help="address of process 0 (it listens on PORT on every interface)",
+    )
+    group.add_argument("--num-processes", type=int, metavar="N", help="number of processes in the run")
+    group.add_argument("--process-id", type=int, metavar="I", help="this process's index, 0 .. N-1")
+    group.add_argument(
+        "--distributed-timeout",
+        type=int,
+        default=300,
+        metavar="SECONDS",
+        help="how long to wait for every process to join (default: %(default)s)",
+    )
+    group.add_argument(
+        "--heartbeat-timeout",
+        type=int,
+        default=60,
+        metavar="SECONDS",
+        help="a process silent this long is declared dead and the others stop (default: %(default)s)",
     )
     p.set_defaults(func=run_train, overrides=[])
 
@@ -99,6 +132,27 @@ def _error(message: str, status: int) -> int:
 def run_train(args: argparse.Namespace) -> int:
     """Run ``attn-jax train`` with parsed arguments; returns the exit status."""
     import jax  # lazy: `attn-jax --help` and `attn-jax data` stay fast
+
+    from attn_jax.parallel import DistributedError, initialize
+
+    try:  # before anything touches a device
+        joined = initialize(
+            getattr(args, "coordinator", None),
+            getattr(args, "num_processes", None),
+            getattr(args, "process_id", None),
+            timeout_s=getattr(args, "distributed_timeout", 300),
+            heartbeat_timeout_s=getattr(args, "heartbeat_timeout", 60),
+        )
+    except ValueError as e:  # a bad combination of the multi-process flags
+        return _error(e, 2)
+    except DistributedError as e:
+        return _error(e, 4)
+    if joined:
+        print(
+            f"attn-jax train: process {jax.process_index()} of {jax.process_count()} joined: "
+            f"{jax.local_device_count()} local devices, {jax.device_count()} in all",
+            flush=True,
+        )
 
     from attn_jax.data import CorpusError
     from attn_jax.train import (
@@ -125,11 +179,13 @@ def run_train(args: argparse.Namespace) -> int:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         if isinstance(e, MemoryError) or "RESOURCE_EXHAUSTED" in first or "memory" in first.lower():
             return _error(f"out of memory (model or batch too large for this machine): {first[:300]}", 1)
+        if jax.process_count() > 1:
+            return _error(f"multi-process run failed (did another process die?): {first[:300]}", 4)
         raise
     except KeyboardInterrupt:
         print("attn-jax train: interrupted; resume with --resume", file=sys.stderr)
         return 130
-    if result.validation is not None:
+    if result.validation is not None and jax.process_index() == 0:
         print(
             f"final validation: loss {result.validation['loss']:.4f}, ppl {result.validation['ppl']:.2f} "
             f"(best checkpoint: step {result.best_step})"

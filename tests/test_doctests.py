@@ -22,6 +22,8 @@ MODULES = [
     "attn_jax.parallel._mesh",
     "attn_jax.parallel._rules",
     "attn_jax.parallel._pipeline",
+    "attn_jax.parallel._distributed",
+    "attn_jax.nn.intra",
     "attn_jax.train._config",
 ]
 

@@ -6,9 +6,11 @@
     shardings = param_shardings(nnx.state(abstract_model, nnx.Param), mesh, rules)
 
 The sharded train step itself is ``attn_jax.train.make_sharded_train_step`` (it uses these). This package
-imports only jax, numpy and flax: never models, data or train code.
+imports only jax, numpy and flax: never models, data or train code. Multi-process runs join with
+:func:`initialize` (``jax.distributed``) before anything touches a device.
 """
 
+from attn_jax.parallel._distributed import DistributedError, cluster_environment, initialize
 from attn_jax.parallel._mesh import MESH_AXES, make_mesh
 from attn_jax.parallel._pipeline import pipelined_stack, stacked_scan
 from attn_jax.parallel._rules import (
@@ -41,4 +43,7 @@ __all__ = [
     "rules_for",
     "shard_state",
     "stacked_scan",
+    "DistributedError",
+    "cluster_environment",
+    "initialize",
 ]

@@ -25,7 +25,7 @@ from attn_jax.train._config import (
     smoke_config,
 )
 from attn_jax.train._diagnostics import DIAG_BAND, AttentionStats, attention_stats, summarize_attention
-from attn_jax.train._inputs import Inputs, load_corpus, make_inputs
+from attn_jax.train._inputs import Inputs, data_state, load_corpus, make_inputs, restore_data_state
 from attn_jax.train._loop import TrainingDiverged, TrainResult, evaluate, train_and_evaluate
 from attn_jax.train._loss import LossSums, loss_sums, sentence_losses, token_cross_entropy
 from attn_jax.train._metrics import MetricsLogger, read_metrics
@@ -53,6 +53,8 @@ from attn_jax.train._step import (
 from attn_jax.train._tensorboard import EventWriter
 
 __all__ = [
+    "data_state",
+    "restore_data_state",
     "abstract_sharded_state",
     "make_sharded_train_step",
     "model_param_shardings",

@@ -4,6 +4,13 @@ Layout of ``<workdir>/checkpoints/<step>/``: ``state/`` (the :class:`TrainState`
 step, RNG), ``data/`` (the batch iterator's ``get_state()`` JSON), ``config/`` (the run's config as JSON) and
 ``metrics/`` (the validation metrics the step was ranked by, when it was evaluated).
 
+Multi-process runs: every process calls :meth:`CheckpointManager.save` and :meth:`~CheckpointManager.restore`
+(orbax coordinates them through ``jax.distributed``): each array's shards are written by the processes that hold
+them, the JSON items by process 0, and the step is committed once all are written. Restoring into
+:func:`attn_jax.train.abstract_sharded_state` targets reads every array straight into the current mesh's
+shardings, whatever mesh or process count wrote it; without a target (:func:`load_checkpoint`) arrays come back
+on the first local device.
+
 Kept: the last ``keep`` checkpoints, plus the best one by validation NLL per token (orbax ``LatestN`` ∪
 ``BestN``). A save is atomic: orbax writes ``<step>.orbax-checkpoint-tmp*`` and renames it to ``<step>`` only
 after every item is written (``AtomicRenameTemporaryPath.finalize``), and the step listing ignores temporary
@@ -15,8 +22,11 @@ from __future__ import annotations
 import os
 from typing import Any, NamedTuple
 
+import jax
 import orbax.checkpoint as ocp
+from etils import epath
 from orbax.checkpoint import checkpoint_managers as ocm
+from orbax.checkpoint import metadata as ocp_metadata
 
 __all__ = ["BEST_METRIC", "CheckpointManager", "Restored", "load_checkpoint"]
 
@@ -105,8 +115,12 @@ class CheckpointManager:
         self._manager.save(step, args=args, metrics=metrics, force=True)
 
     def restore(self, step: int, abstract_state: Any | None = None) -> Restored:
-        """Restore step ``step``; with ``abstract_state`` (``jax.eval_shape`` of a state) into its exact pytree
-        type (dataclasses, optax named tuples), else as nested dicts of NumPy-backed arrays."""
+        """Restore step ``step``; with ``abstract_state`` (``jax.eval_shape`` of a state, or
+        :func:`attn_jax.train.abstract_sharded_state`) into its exact pytree type (dataclasses, optax named
+        tuples) and shardings, else as nested dicts of arrays on the first local device (whatever mesh wrote
+        them)."""
+        if abstract_state is None:
+            abstract_state = self._on_one_device(step)
         args = ocp.args.Composite(
             state=ocp.args.StandardRestore(abstract_state),
             data=ocp.args.JsonRestore(),
@@ -114,6 +128,20 @@ class CheckpointManager:
         )
         out = self._manager.restore(step, args=args)
         return Restored(step=step, state=out["state"], data=out["data"], config=out["config"])
+
+    def _on_one_device(self, step: int):
+        """The saved state's structure as ``ShapeDtypeStruct``s on the first local device (from its metadata).
+
+        orbax would otherwise restore each array onto the shardings it was saved with, which fails when the
+        checkpoint was written on a mesh of other devices (another process count or topology).
+        """
+        metadata = ocp.StandardCheckpointHandler().metadata(epath.Path(self.directory) / str(step) / "state")
+        device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+        return jax.tree.map(
+            lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device),
+            getattr(metadata, "tree", metadata),
+            is_leaf=lambda x: isinstance(x, ocp_metadata.ArrayMetadata),
+        )
 
     def wait(self) -> None:
         """Block until every pending (async) save has been finalised."""

@@ -20,8 +20,10 @@ NLL per token; ``async_checkpoints`` (True) — orbax writes in the background.
 ``model.arch`` picks the model and with it the other ``model.*`` keys: the fields of its config class except the
 vocabulary sizes (taken from the built vocabularies) and the dtypes (``mixed_precision``). ``rnnsearch`` /
 ``rnnenc`` (:class:`attn_jax.models.RNNConfig`): ``embed``, ``hidden``, ``maxout``, ``align``, ``scorer``,
-``input_feeding``, ``local_window``; ``gnmt`` (:class:`attn_jax.models.GNMTConfig`): ``embed``, ``hidden``,
-``encoder_layers``, ``decoder_layers``, ``residual_start``, ``attention``, ``align``, ``pipeline_stages``.
+``input_feeding``, ``local_window``, ``intra_attention``; ``gnmt`` (:class:`attn_jax.models.GNMTConfig`): ``embed``, ``hidden``,
+``encoder_layers``, ``decoder_layers``, ``residual_start``, ``attention``, ``align``, ``pipeline_stages``;
+``transformer`` (:class:`attn_jax.models.TransformerConfig`): ``d_model``, ``heads``, ``d_ff``, ``encoder_layers``,
+``decoder_layers``, ``dropout``, ``norm``, ``positions``, ``max_length``, ``share_embeddings``.
 A config file for another architecture starts from ``default_config(arch)``.
 ``optimizer.*`` — the fields of :class:`attn_jax.train.OptimizerConfig` (default: the paper's Adadelta).
 ``data.corpus`` — ``synthetic`` (the built-in corpus), ``tfds``, ``plain`` or ``tsv``; then
@@ -35,6 +37,18 @@ shortlist K; four specials are added), ``data.max_source_length``/``max_target_l
 dropped), ``data.batch_size``/``eval_batch_size``, ``data.bucket_boundaries``, ``data.prefetch``.
 ``debug.inject_nan_at_step`` (-1: off) — make the parameters NaN just before update k, to exercise the
 divergence guard.
+``parallel.strategy`` (``none``) — ``none``: one device, the plain jitted step; ``data``, ``tensor``,
+``pipeline``, ``data+pipeline``, ``data+tensor`` (any ``+``-join of data, tensor, pipeline): a device mesh
+``data × model × stage`` over every process's devices, parameters and batches sharded by the logical-axis rules
+of :func:`attn_jax.parallel.rules_for`. ``parallel.data``/``model``/``stage`` (0) — the mesh's axis sizes; an
+axis the strategy does not use must be 0 or 1 (it becomes 1), and one used axis may be 0: it takes the devices
+the others leave (``data = devices / (model · stage)``). The product must equal the number of devices (a
+single-process run may use fewer: the first ones). ``data.batch_size`` and ``data.eval_batch_size`` must be
+multiples of ``parallel.data``. Pipelining splits GNMT's residual stacks: ``parallel.stage`` must equal
+``model.pipeline_stages`` (``parallel.stage=0`` takes it from the model), and ``model.pipeline_stages > 1``
+needs a pipeline strategy; the model config is never changed behind the user's back.
+``parallel.strict_sharding`` (False) — a parameter dim that does not divide by its mesh axes is an error
+instead of being replicated.
 """
 
 from __future__ import annotations
@@ -50,7 +64,8 @@ from typing import Any
 import ml_collections
 
 from attn_jax.data import AttnJaxSynthetic, BatchConfig, SyntheticSpec
-from attn_jax.models import GNMTConfig, ModelConfig, RNNConfig
+from attn_jax.models import GNMTConfig, ModelConfig, RNNConfig, TransformerConfig
+from attn_jax.parallel import STRATEGIES, rules_for
 from attn_jax.train._optim import OptimizerConfig
 
 __all__ = [
@@ -64,6 +79,7 @@ __all__ = [
     "model_defaults",
     "model_config",
     "optimizer_config",
+    "parallel_axes",
     "smoke_config",
     "synthetic_spec",
 ]
@@ -71,7 +87,12 @@ __all__ = [
 CORPORA = ("synthetic", "tfds", "plain", "tsv")
 _MODEL_EXCLUDED = ("src_vocab", "tgt_vocab", "param_dtype", "dtype")
 # model.arch -> the config class whose fields are the other model.* keys.
-MODEL_CLASSES: dict[str, type] = {"rnnsearch": RNNConfig, "rnnenc": RNNConfig, "gnmt": GNMTConfig}
+MODEL_CLASSES: dict[str, type] = {
+    "rnnsearch": RNNConfig,
+    "rnnenc": RNNConfig,
+    "gnmt": GNMTConfig,
+    "transformer": TransformerConfig,
+}
 # The built-in corpus' named configs (the TFDS builder's), so that generating in memory gives the TFDS pairs.
 _SYNTHETIC_NAMED = {c.name: c.spec for c in AttnJaxSynthetic.BUILDER_CONFIGS}
 
@@ -154,6 +175,9 @@ def default_config(arch: str = "rnnsearch") -> ml_collections.ConfigDict:
         )
     )
     c.debug = ml_collections.ConfigDict(dict(inject_nan_at_step=-1))
+    c.parallel = ml_collections.ConfigDict(
+        dict(strategy="none", data=0, model=0, stage=0, strict_sharding=False)
+    )
     return c
 
 
@@ -435,6 +459,75 @@ def check_config(config: ml_collections.ConfigDict) -> None:
     batch_configs(config)
     optimizer_config(config)
     model_config(config, src_vocab=8, tgt_vocab=8)
+    _check_parallel(config)
+
+
+# parallel.strategy part -> the mesh axis it splits over.
+_STRATEGY_AXES = {"data": "data", "tensor": "model", "pipeline": "stage"}
+MESH_KEYS = ("data", "model", "stage")
+
+
+def parallel_axes(config: ml_collections.ConfigDict) -> tuple[str, ...]:
+    """The mesh axes ``parallel.strategy`` splits over (``()`` for ``none``)."""
+    strategy = config.parallel.strategy
+    return () if strategy == "none" else tuple(_STRATEGY_AXES[part] for part in strategy.split("+"))
+
+
+def _check_parallel(config: ml_collections.ConfigDict) -> None:
+    p = config.parallel
+    if p.strategy != "none":
+        try:
+            rules_for(p.strategy)
+        except ValueError:
+            raise ConfigError(
+                f"parallel.strategy must be none or one of {', '.join(STRATEGIES)} (or another '+'-join of "
+                f"data, tensor, pipeline); got {p.strategy!r}"
+            ) from None
+    for axis in MESH_KEYS:
+        if p[axis] < 0:
+            raise ConfigError(
+                f"parallel.{axis} must be >= 0 (0: inferred from the device count), got {p[axis]}"
+            )
+    used = parallel_axes(config)
+    for axis in MESH_KEYS:
+        if axis not in used and p[axis] > 1:
+            raise ConfigError(
+                f"parallel.{axis}={p[axis]} but parallel.strategy={p.strategy!r} does not split over the "
+                f"{axis} axis"
+            )
+    stages = config.model.get("pipeline_stages")
+    if "stage" in used:
+        if stages is None:
+            raise ConfigError(
+                f"parallel.strategy={p.strategy!r} pipelines stacked layers, which model.arch="
+                f"{config.model.arch!r} does not have (use model.arch=gnmt)"
+            )
+        if stages < 2:
+            raise ConfigError(
+                f"parallel.strategy={p.strategy!r} needs model.pipeline_stages >= 2 (it is {stages}); set it to "
+                "the number of pipeline stages"
+            )
+        if p.stage not in (0, stages):
+            raise ConfigError(
+                f"parallel.stage={p.stage} differs from model.pipeline_stages={stages}; set them equal "
+                "(parallel.stage=0 takes the model's)"
+            )
+    elif stages is not None and stages > 1:
+        raise ConfigError(
+            f"model.pipeline_stages={stages} needs a pipeline parallel.strategy (pipeline or data+pipeline); "
+            f"got {p.strategy!r}"
+        )
+    inferred = [axis for axis in used if p[axis] == 0 and axis != "stage"]
+    if len(inferred) > 1:
+        raise ConfigError(
+            f"parallel.{' and parallel.'.join(inferred)} are both 0 (inferred); give all but one of them"
+        )
+    if "data" in used and p.data > 0:
+        for key in ("batch_size", "eval_batch_size"):
+            if config.data[key] % p.data:
+                raise ConfigError(
+                    f"data.{key}={config.data[key]} must be a multiple of parallel.data={p.data}"
+                )
 
 
 def paper_config(arch: str, max_length: int) -> ml_collections.ConfigDict:
@@ -476,7 +569,9 @@ def smoke_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict
     """
     c = ml_collections.ConfigDict(config.to_dict())
     c.num_train_steps, c.log_every, c.eval_every, c.checkpoint_every = 30, 5, 10, 10
-    tiny = dict(embed=16, hidden=24, maxout=16, align=16, encoder_layers=3, decoder_layers=3)
+    tiny = dict(
+        embed=16, hidden=24, maxout=16, align=16, encoder_layers=3, decoder_layers=3, d_model=32, d_ff=64
+    )
     c.model.update({k: v for k, v in tiny.items() if k in c.model})
     c.optimizer.update(warmup_steps=0)
     if c.optimizer.decay in ("cosine", "linear"):

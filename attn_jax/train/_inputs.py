@@ -1,17 +1,30 @@
-"""The trainer's input side: reading the configured corpus, vocabularies beside the checkpoints, iterators."""
+"""The trainer's input side: reading the configured corpus, vocabularies beside the checkpoints, iterators.
+
+In a multi-process run every process reads the whole corpus, builds the same vocabularies and the same global
+batch schedule, and keeps its own block of rows of every global batch (``process_index`` of ``process_count``
+blocks, :func:`attn_jax.data.make_batch_iterator`).
+
+**Iterator state in checkpoints.** Every process's iterator is at the same global batch index (each update
+consumes one global batch on every process), so a checkpoint stores one state (:func:`data_state`): the index,
+the writing iterator's fingerprint and the fingerprint of the global schedule (corpus and batching config,
+independent of the process layout). :func:`restore_data_state` accepts it on an iterator of the same schedule
+under any process count: a run saved by 2 processes resumes in 1, and the other way round.
+"""
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import os
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import ml_collections
 
 from attn_jax import data
 from attn_jax.train._config import batch_configs, synthetic_spec
 
-__all__ = ["Inputs", "load_corpus", "make_inputs"]
+__all__ = ["Inputs", "data_state", "load_corpus", "make_inputs", "restore_data_state"]
 
 
 def load_corpus(d: ml_collections.ConfigDict, split: str, max_examples: int = 0) -> data.ParallelCorpus:
@@ -69,14 +82,25 @@ class Inputs(NamedTuple):
     validation: list[data.Batch]
     train_pairs: int
     validation_pairs: int
+    schedule: str = ""  # fingerprint of the global training schedule (corpus + batching), any process layout
 
 
-def make_inputs(config: ml_collections.ConfigDict, vocab_dir: str, *, reuse_vocab: bool) -> Inputs:
+def make_inputs(
+    config: ml_collections.ConfigDict,
+    vocab_dir: str,
+    *,
+    reuse_vocab: bool,
+    process_index: int = 0,
+    process_count: int = 1,
+    save_vocab: bool = True,
+) -> Inputs:
     """Read the corpus, build (or, with ``reuse_vocab``, reload) the vocabularies in ``vocab_dir``, and batch.
 
     The vocabularies are the paper's shortlists: the ``src_vocab_size`` / ``tgt_vocab_size`` most frequent
     training words of each side (plus four specials). Validation batches carry gold alignments when the
-    corpus has them and the vocabularies are word-level (the built-in corpus).
+    corpus has them and the vocabularies are word-level (the built-in corpus). Training and validation batches
+    hold block ``process_index`` of ``process_count`` of every global batch's rows; only one process of a
+    multi-process run should ``save_vocab``.
     """
     d = config.data
     train_corpus = load_corpus(d, d.train_split, d.max_train_examples)
@@ -86,14 +110,17 @@ def make_inputs(config: ml_collections.ConfigDict, vocab_dir: str, *, reuse_voca
     else:
         src_vocab = data.WordVocabulary.build(train_corpus.sources, max_size=d.src_vocab_size)
         tgt_vocab = data.WordVocabulary.build(train_corpus.targets, max_size=d.tgt_vocab_size)
-        data.save_vocabularies(vocab_dir, src_vocab, tgt_vocab)
+        if save_vocab:
+            data.save_vocabularies(vocab_dir, src_vocab, tgt_vocab)
     train_cfg, eval_cfg = batch_configs(config)
     train_encoded = data.encode_corpus(train_corpus, src_vocab, tgt_vocab)
     eval_encoded = data.encode_corpus(eval_corpus, src_vocab, tgt_vocab)
-    train_it = data.make_batch_iterator(train_encoded, train_cfg, prefetch=d.prefetch)
+    shard = dict(process_index=process_index, process_count=process_count)
+    train_it = data.make_batch_iterator(train_encoded, train_cfg, prefetch=d.prefetch, **shard)
     eval_it = data.make_batch_iterator(
-        eval_encoded, eval_cfg, with_gold=eval_encoded.alignments is not None, prefetch=0
+        eval_encoded, eval_cfg, with_gold=eval_encoded.alignments is not None, prefetch=0, **shard
     )
+    schedule = json.dumps([train_encoded.fingerprint(), dataclasses.asdict(train_cfg)], sort_keys=True)
     return Inputs(
         src_vocab=src_vocab,
         tgt_vocab=tgt_vocab,
@@ -101,4 +128,23 @@ def make_inputs(config: ml_collections.ConfigDict, vocab_dir: str, *, reuse_voca
         validation=list(eval_it),
         train_pairs=len(train_corpus) - train_it.plan.num_filtered,
         validation_pairs=len(eval_corpus) - eval_it.plan.num_filtered,
+        schedule=hashlib.sha256(schedule.encode()).hexdigest()[:16],
     )
+
+
+def data_state(inputs: Inputs) -> dict[str, Any]:
+    """The training iterator's position as a checkpoint stores it: ``{"next_index", "fingerprint",
+    "schedule"}`` (the iterator's own state plus the process-independent schedule fingerprint)."""
+    return {**inputs.train.get_state(), "schedule": inputs.schedule}
+
+
+def restore_data_state(inputs: Inputs, state: dict[str, Any]) -> None:
+    """Move the training iterator to a checkpoint's position, saved by this or another process layout.
+
+    Raises:
+      ValueError: ``state`` belongs to another corpus or batching config.
+    """
+    own = inputs.train.get_state()["fingerprint"]
+    if state.get("fingerprint") != own and state.get("schedule") == inputs.schedule:
+        state = {"next_index": state["next_index"], "fingerprint": own}  # same schedule, other process layout
+    inputs.train.set_state(state)

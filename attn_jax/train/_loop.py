@@ -9,6 +9,21 @@ position, config); validation and a checkpoint also at the last step.
 ``workdir`` layout: ``checkpoints/<step>/``, ``vocab/{source,target}/``, ``metrics.jsonl``,
 ``tensorboard/{train,validation}/``, ``config.json``.
 
+**Sharded and multi-process runs** (``parallel.strategy`` other than ``none``): the loop is the same; what
+changes is where things live. The mesh (``parallel.data × model × stage``) spans the devices of every process
+(``jax.devices()``; join the processes first with :func:`attn_jax.parallel.initialize`, as ``attn-jax train
+--coordinator ...`` does). The train state is initialised directly into its shardings (the init is jitted with
+``out_shardings``), the step is :func:`attn_jax.train.make_sharded_train_step`, and every process reads only its
+block of rows of each global batch and contributes it to the global ``jax.Array`` with
+``jax.make_array_from_process_local_data``. Validation is the eval step jitted with the same shardings; its sums
+are replicated, so every process computes the same metrics. Everything runs under ``jax.set_mesh(mesh)`` (GNMT's
+pipeline reads the ambient mesh). Process 0 alone writes ``metrics.jsonl``, TensorBoard, ``config.json``, the
+vocabularies and the terminal output; checkpoints are written by all processes together (orbax writes each
+array's shards from the process that holds them and commits the step once all are written), so ``workdir`` must
+be on a filesystem every process sees. A checkpoint restores into the current mesh's shardings
+(:func:`attn_jax.train.abstract_sharded_state`), whatever mesh or process count wrote it, and the iterator
+position is process-independent (:func:`attn_jax.train._inputs.data_state`).
+
 Resumption (``resume=True``) restores the latest checkpoint's state and iterator position; since the batch
 schedule is a pure function of (corpus, batch config, batch index), parameters and per-step randomness are a
 pure function of (seed, step), and a CPU computation is deterministic, the resumed run's losses and final
@@ -20,31 +35,46 @@ last good checkpoint stays the latest one.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
 import math
 import os
 import time
+from collections.abc import Callable, Iterable
 from typing import IO, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
+from jax.experimental import multihost_utils
 
+from attn_jax.data import Batch
+from attn_jax.parallel import batch_sharding, make_mesh, replicated, rules_for
 from attn_jax.train._checkpoint import CheckpointManager
 from attn_jax.train._config import (
+    MESH_KEYS,
     ConfigError,
     check_config,
     flatten_config,
     model_config,
     optimizer_config,
+    parallel_axes,
 )
 from attn_jax.train._diagnostics import summarize_attention
-from attn_jax.train._inputs import make_inputs
+from attn_jax.train._inputs import data_state, make_inputs, restore_data_state
 from attn_jax.train._metrics import MetricsLogger, format_duration
+from attn_jax.train._sharded import (
+    abstract_sharded_state,
+    make_sharded_train_step,
+    train_state_shardings,
+)
 from attn_jax.train._step import (
+    EvalMetrics,
     StepConfig,
     TrainState,
+    _graphdef,
     all_finite,
     eval_step,
     init_train_state,
@@ -83,17 +113,29 @@ def _sum(tree) -> dict[str, float]:
     return {k: float(np.asarray(v, np.float64)) for k, v in tree._asdict().items()}
 
 
-def evaluate(params: dict, batches, config: StepConfig) -> dict[str, float | None]:
+def evaluate(
+    params: dict,
+    batches: Iterable,
+    config: StepConfig,
+    *,
+    step: Callable[[dict, Batch], EvalMetrics] | None = None,
+) -> dict[str, float | None]:
     """Validation metrics of ``params`` over ``batches`` (pooled exactly over tokens and sentences).
 
     Returns ``loss`` (the training objective per token, label-smoothed if the config smooths),
     ``nll_per_token``, ``ppl`` = exp(``nll_per_token``), ``nll_per_sentence``, ``tokens``, ``sentences`` and,
-    for a model with attention, the diagnostics of :mod:`attn_jax.train._diagnostics`.
+    for a model with attention, the diagnostics of :mod:`attn_jax.train._diagnostics`. ``step(params, batch)``
+    replaces :func:`eval_step` (e.g. one jitted for a mesh; its metrics must be fully replicated).
     """
+    if step is None:
+
+        def step(params, batch):
+            return eval_step(params, batch, config)
+
     loss: dict[str, float] | None = None
     attn = None
     for batch in batches:
-        m = jax.device_get(eval_step(params, batch, config))
+        m = jax.device_get(step(params, batch))
         step_loss = _sum(m.loss)
         loss = step_loss if loss is None else {k: loss[k] + step_loss[k] for k in loss}
         if m.attention is not None:
@@ -205,6 +247,186 @@ def _diverged(what: str, step: int, ckpt: CheckpointManager) -> TrainingDiverged
     return TrainingDiverged(f"training diverged: {what} at step {step}; stopped without saving; {where}")
 
 
+class _QuietLogger:
+    """The logger of processes other than 0: process 0 alone writes metrics, TensorBoard and the terminal."""
+
+    tty = False
+
+    def truncate_after(self, step: int) -> None:
+        pass
+
+    def write(self, split: str, step: int, values: dict) -> None:
+        pass
+
+    def log(self, line: str) -> None:
+        pass
+
+    def progress(self, *args, **kwargs) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class _OneDevice:
+    """``parallel.strategy=none``: state and steps on the first local device, batches as NumPy arrays."""
+
+    rows = (0, 1)  # this process's block of every global batch: (index, count)
+    context = contextlib.nullcontext
+    description = None
+
+    def __init__(self, config: ml_collections.ConfigDict):
+        if jax.process_count() > 1:
+            raise ConfigError(
+                f"a run of {jax.process_count()} processes needs a parallel.strategy (e.g. data), not none"
+            )
+        # Committed to one device, as a restored state is: jit keys its cache on committedness, and a resumed
+        # run must not compile its steps twice.
+        self.device = jax.local_devices()[0]
+
+    def bind(self, step_cfg: StepConfig) -> None:
+        self.step_cfg = step_cfg
+
+    def init_state(self, seed: int) -> TrainState:
+        return jax.device_put(init_train_state(self.step_cfg, seed), self.device)
+
+    def restore_target(self, state: TrainState | None):
+        return jax.eval_shape(lambda: state)
+
+    def place(self, restored: TrainState) -> TrainState:
+        return jax.device_put(restored, self.device)
+
+    def batch(self, local: Batch) -> Batch:
+        return local
+
+    def train_step(self, state: TrainState, batch: Batch):
+        return train_step(state, batch, self.step_cfg)
+
+    def eval_step(self, params: dict, batch: Batch) -> EvalMetrics:
+        return eval_step(params, batch, self.step_cfg)
+
+    def all_finite(self, params: dict) -> bool:
+        return bool(all_finite(params))
+
+
+def _mesh_shape(config: ml_collections.ConfigDict, num_devices: int, processes: int) -> dict[str, int]:
+    """``{"data", "model", "stage"}`` sizes from ``config.parallel`` (0: inferred) for ``num_devices`` devices."""
+    p, used = config.parallel, parallel_axes(config)
+    sizes = {axis: p[axis] if axis in used else 1 for axis in MESH_KEYS}
+    if "stage" in used and sizes["stage"] == 0:
+        sizes["stage"] = config.model.pipeline_stages
+    known = math.prod(v for v in sizes.values() if v)
+    missing = [axis for axis, v in sizes.items() if v == 0]
+    if missing:
+        if num_devices % known:
+            raise ConfigError(
+                f"parallel.{missing[0]}=0 cannot be inferred: the other mesh axes take {known} devices, which "
+                f"does not divide the {num_devices} devices"
+            )
+        sizes[missing[0]] = num_devices // known
+    total = math.prod(sizes.values())
+    if total > num_devices or (total < num_devices and processes > 1):
+        shape = " × ".join(f"parallel.{k}={v}" for k, v in sizes.items())
+        raise ConfigError(
+            f"{shape} needs {total} devices, but there are {num_devices}"
+            + (f" in {processes} processes (a multi-process run must use them all)" if processes > 1 else "")
+        )
+    for key in ("batch_size", "eval_batch_size"):
+        if config.data[key] % sizes["data"]:
+            raise ConfigError(
+                f"data.{key}={config.data[key]} must be a multiple of the data axis (parallel.data={sizes['data']})"
+            )
+    return sizes
+
+
+def _process_rows(sharding: jax.sharding.NamedSharding) -> tuple[int, int]:
+    """``(index, count)``: this process holds rows block ``index`` of ``count`` equal blocks of every batch."""
+    blocks = math.prod(sharding.mesh.shape[a] for a in jax.tree.leaves(tuple(sharding.spec)[:1]))
+    mine = sorted(
+        {
+            i
+            for index in sharding.addressable_devices_indices_map((blocks,)).values()
+            for i in range(*index[0].indices(blocks))
+        }
+    )
+    size = len(mine)
+    if blocks % size or mine != list(range(mine[0], mine[0] + size)) or mine[0] % size:
+        raise ConfigError(
+            f"this process's devices hold batch blocks {mine} of {blocks}, not one contiguous block; use a "
+            "mesh whose data axis runs over the processes in order"
+        )
+    return mine[0] // size, blocks // size
+
+
+class _Mesh:
+    """Any other strategy: a mesh over every process's devices, sharded state, global batches, jitted steps."""
+
+    def __init__(self, config: ml_collections.ConfigDict):
+        devices = jax.devices()
+        sizes = _mesh_shape(config, len(devices), jax.process_count())
+        self.mesh = make_mesh(**sizes, devices=devices[: math.prod(sizes.values())])
+        self.rules, self.strict = rules_for(config.parallel.strategy), config.parallel.strict_sharding
+        self.batch_sharding = batch_sharding(self.mesh, self.rules)
+        self.rows = _process_rows(self.batch_sharding)
+        shape = " × ".join(f"{k}={v}" for k, v in sizes.items())
+        self.description = (
+            f"parallel: strategy {config.parallel.strategy}, mesh {shape} over {self.mesh.size} devices in "
+            f"{jax.process_count()} process(es); each process reads 1/{self.rows[1]} of every batch"
+        )
+
+    def bind(self, step_cfg: StepConfig) -> None:
+        rules, strict = self.rules, self.strict
+        self.step_cfg = step_cfg
+        # The module structure, built here (cached): under ``jax.set_mesh`` ``nnx.eval_shape`` would read the
+        # params' logical axis names as mesh axes.
+        _graphdef(step_cfg.model)
+        try:
+            self.shardings = train_state_shardings(step_cfg, self.mesh, rules, strict=strict)
+        except ValueError as e:
+            raise ConfigError(f"parallel.strict_sharding: {e}") from None
+        metrics = replicated(self.mesh)
+        self._init = jax.jit(functools.partial(init_train_state, step_cfg), out_shardings=self.shardings)
+        self._train = make_sharded_train_step(step_cfg, self.mesh, rules, strict=strict)
+        self._eval = jax.jit(
+            lambda params, batch: eval_step(params, batch, step_cfg),
+            in_shardings=(self.shardings.params, self.batch_sharding),
+            out_shardings=metrics,
+        )
+        self._finite = jax.jit(all_finite, out_shardings=metrics)
+
+    def context(self):
+        return jax.set_mesh(self.mesh)
+
+    def init_state(self, seed: int) -> TrainState:
+        return self._init(seed)
+
+    def restore_target(self, state: TrainState | None):
+        return abstract_sharded_state(self.step_cfg, self.mesh, self.rules, strict=self.strict)
+
+    def place(self, restored: TrainState) -> TrainState:
+        return restored  # restored straight into the target shardings
+
+    def batch(self, local: Batch) -> Batch:
+        count = self.rows[1]
+
+        def global_array(x):
+            x = np.asarray(x)
+            return jax.make_array_from_process_local_data(
+                self.batch_sharding, x, (x.shape[0] * count, *x.shape[1:])
+            )
+
+        return jax.tree.map(global_array, local)
+
+    def train_step(self, state: TrainState, batch: Batch):
+        return self._train(state, batch)
+
+    def eval_step(self, params: dict, batch: Batch) -> EvalMetrics:
+        return self._eval(params, batch)
+
+    def all_finite(self, params: dict) -> bool:
+        return bool(self._finite(params))
+
+
 def train_and_evaluate(
     config: ml_collections.ConfigDict,
     workdir: str | os.PathLike,
@@ -223,17 +445,23 @@ def train_and_evaluate(
       stream: where progress and log lines go (default stdout).
       tty: force the progress bar on or off (default: whether ``stream`` is a terminal).
 
+    With ``parallel.strategy`` other than ``none`` the run is sharded over a mesh of every process's devices
+    (see the module docstring); in a multi-process run every process calls this with the same arguments.
+
     Returns:
-      A :class:`TrainResult`.
+      A :class:`TrainResult` (under a mesh its ``state`` holds global, sharded arrays).
 
     Raises:
-      ConfigError: an invalid config, or checkpoints in ``workdir`` without ``resume``.
+      ConfigError: an invalid config, a mesh that does not fit the devices or the batch size, or checkpoints
+        in ``workdir`` without ``resume``.
       attn_jax.data.CorpusError: the corpus cannot be read or leaves no batch.
       TrainingDiverged: the loss or gradient norm became non-finite.
     """
     check_config(config)
     workdir = os.path.abspath(os.fspath(workdir))
     os.makedirs(workdir, exist_ok=True)
+    place = _OneDevice(config) if config.parallel.strategy == "none" else _Mesh(config)
+    lead = jax.process_index() == 0  # the process that writes files and talks to the terminal
     ckpt = CheckpointManager(
         os.path.join(workdir, "checkpoints"),
         keep=config.keep_checkpoints,
@@ -241,7 +469,11 @@ def train_and_evaluate(
         async_save=config.async_checkpoints,
     )
     total = config.num_train_steps
-    logger = MetricsLogger(workdir, total, tensorboard=config.tensorboard, stream=stream, tty=tty)
+    logger = (
+        MetricsLogger(workdir, total, tensorboard=config.tensorboard, stream=stream, tty=tty)
+        if lead
+        else _QuietLogger()
+    )
     try:
         latest = ckpt.latest_step()
         if latest is not None and not resume:
@@ -249,15 +481,24 @@ def train_and_evaluate(
                 f"{workdir} already holds checkpoints (latest: step {latest}); pass --resume to continue that "
                 "run or choose another --workdir"
             )
-        inputs = make_inputs(config, os.path.join(workdir, "vocab"), reuse_vocab=latest is not None)
+        inputs = make_inputs(
+            config,
+            os.path.join(workdir, "vocab"),
+            reuse_vocab=latest is not None,
+            process_index=place.rows[0],
+            process_count=place.rows[1],
+            save_vocab=lead,
+        )
         step_cfg = StepConfig(
             model=model_config(config, inputs.src_vocab.size, inputs.tgt_vocab.size),
             optimizer=optimizer_config(config),
             label_smoothing=config.label_smoothing,
         )
+        place.bind(step_cfg)
         config_dict = json.loads(config.to_json())
-        with open(os.path.join(workdir, "config.json"), "w", encoding="utf-8") as f:
-            json.dump(config_dict, f, indent=2, sort_keys=True)
+        if lead:
+            with open(os.path.join(workdir, "config.json"), "w", encoding="utf-8") as f:
+                json.dump(config_dict, f, indent=2, sort_keys=True)
         m = step_cfg.model
         logger.log(
             f"model: {m.arch} (attention {getattr(m, 'scorer', getattr(m, 'attention', None))}) with {param_count(m):,} parameters, vocabularies "
@@ -265,81 +506,92 @@ def train_and_evaluate(
             f"in {len(inputs.train.plan.shapes)} batch shapes {inputs.train.plan.shapes}, "
             f"{inputs.validation_pairs:,} validation pairs; optimizer {step_cfg.optimizer.name}"
         )
-
-        # Committed to one device, as a restored state is: jit keys its cache on committedness, and a resumed
-        # run must not compile its steps twice.
-        device = jax.local_devices()[0]
-        state = jax.device_put(init_train_state(step_cfg, config.seed), device)
-        start = 0
-        if latest is not None:
-            restored = ckpt.restore(latest, jax.eval_shape(lambda: state))
-            state = jax.device_put(restored.state, device)
-            try:
-                inputs.train.set_state(restored.data)
-            except ValueError as e:
-                raise ConfigError(f"cannot resume: the data or batching config changed ({e})") from None
-            changed = _config_diff(restored.config, config_dict)
-            if changed:
-                logger.log(f"note: config differs from checkpoint {latest} in {', '.join(changed)}")
-            start = int(state.step)
-            logger.log(f"resumed from step {start} ({ckpt.directory})")
-        logger.truncate_after(start)
-
-        step, window = start, _Window()
-        last_train = last_val = None
-        batches_per_epoch = inputs.train.plan.batches_per_epoch
-        run_start = time.monotonic()
-        step_seconds = None  # recent seconds per step, for the ETA
-        while step < total:
-            tic = time.monotonic()
-            batch = next(inputs.train)
-            if config.debug.inject_nan_at_step == step + 1:
-                state = state.replace(params=jax.tree.map(lambda p: p * jnp.nan, state.params))
-            state, metrics = train_step(state, batch, step_cfg)
-            step += 1
-            m = jax.device_get(metrics)
-            loss, grad_norm = _sum(m.loss), float(m.grad_norm)
-            if not (math.isfinite(loss["loss"]) and math.isfinite(grad_norm)):
-                raise _diverged(f"loss {loss['loss']}, gradient norm {grad_norm}", step, ckpt)
-            window.add(loss, grad_norm, None if step == start + 1 else time.monotonic() - tic)
-
-            elapsed = time.monotonic() - run_start
-            step_seconds = window.seconds_per_step or step_seconds or elapsed / (step - start)
-            eta = step_seconds * (total - step)
-            logger.progress(step, loss["loss"] / max(loss["tokens"], 1.0), window.tokens_per_s, eta)
-
-            if step % config.log_every == 0 or step == total:
-                last_train = window.record(float(m.learning_rate), step / batches_per_epoch)
-                logger.write("train", step, {**last_train, "elapsed_s": elapsed})
-                if not logger.tty:
-                    logger.log(
-                        f"step {step}/{total}: loss {last_train['loss']:.4f} | ppl {last_train['ppl']:.2f} | "
-                        f"nll/sentence {last_train['nll_per_sentence']:.2f} | |g| {last_train['grad_norm']:.3f} | "
-                        f"{last_train['tokens_per_s']:,.0f} tok/s | ETA {format_duration(eta)}"
-                    )
-                window.reset()
-
-            val = None
-            if step % config.eval_every == 0 or step == total:
-                val = evaluate(state.params, inputs.validation, step_cfg)
-                logger.write("validation", step, val)
-                logger.log(_validation_line(step, val))
-                last_val = val
-            if step % config.checkpoint_every == 0 or step == total:
-                if not bool(all_finite(state.params)):
-                    raise _diverged("non-finite parameters", step, ckpt)
-                metrics_for_best = None if val is None else {"nll_per_token": val["nll_per_token"]}
-                ckpt.save(step, state, inputs.train.get_state(), config_dict, metrics=metrics_for_best)
-        ckpt.wait()
-        best = ckpt.best_step()
-        if step > start:
-            logger.log(
-                f"done: step {step} in {format_duration(time.monotonic() - run_start)}; checkpoints "
-                f"{ckpt.all_steps()} (best: {best}) in {ckpt.directory}"
-            )
-        else:
-            logger.log(f"nothing to do: the run is already at step {step} of {total}")
-        return TrainResult(step, state, last_train, last_val, best, ckpt.directory)
+        if place.description:
+            logger.log(place.description)
+        with place.context():
+            return _train(config, config_dict, place, inputs, ckpt, logger, latest)
     finally:
         ckpt.close()
         logger.close()
+
+
+def _train(config, config_dict, place, inputs, ckpt, logger, latest) -> TrainResult:
+    """The loop of :func:`train_and_evaluate` from the initial (or restored) state on."""
+    total, step_cfg = config.num_train_steps, place.step_cfg
+    state = None
+    if latest is None or isinstance(place, _OneDevice):  # the single-device path keeps today's exact steps
+        state = place.init_state(config.seed)
+    start = 0
+    if latest is not None:
+        restored = ckpt.restore(latest, place.restore_target(state))
+        state = place.place(restored.state)
+        try:
+            restore_data_state(inputs, restored.data)
+        except ValueError as e:
+            raise ConfigError(f"cannot resume: the data or batching config changed ({e})") from None
+        changed = _config_diff(restored.config, config_dict)
+        if changed:
+            logger.log(f"note: config differs from checkpoint {latest} in {', '.join(changed)}")
+        start = int(state.step)
+        logger.log(f"resumed from step {start} ({ckpt.directory})")
+    logger.truncate_after(start)
+
+    step, window = start, _Window()
+    last_train = last_val = None
+    batches_per_epoch = inputs.train.plan.batches_per_epoch
+    run_start = time.monotonic()
+    step_seconds = None  # recent seconds per step, for the ETA
+    while step < total:
+        tic = time.monotonic()
+        batch = place.batch(next(inputs.train))
+        if config.debug.inject_nan_at_step == step + 1:
+            state = state.replace(params=jax.tree.map(lambda p: p * jnp.nan, state.params))
+        state, metrics = place.train_step(state, batch)
+        step += 1
+        m = jax.device_get(metrics)
+        loss, grad_norm = _sum(m.loss), float(m.grad_norm)
+        if not (math.isfinite(loss["loss"]) and math.isfinite(grad_norm)):
+            raise _diverged(f"loss {loss['loss']}, gradient norm {grad_norm}", step, ckpt)
+        window.add(loss, grad_norm, None if step == start + 1 else time.monotonic() - tic)
+
+        elapsed = time.monotonic() - run_start
+        step_seconds = window.seconds_per_step or step_seconds or elapsed / (step - start)
+        eta = step_seconds * (total - step)
+        logger.progress(step, loss["loss"] / max(loss["tokens"], 1.0), window.tokens_per_s, eta)
+
+        if step % config.log_every == 0 or step == total:
+            last_train = window.record(float(m.learning_rate), step / batches_per_epoch)
+            logger.write("train", step, {**last_train, "elapsed_s": elapsed})
+            if not logger.tty:
+                logger.log(
+                    f"step {step}/{total}: loss {last_train['loss']:.4f} | ppl {last_train['ppl']:.2f} | "
+                    f"nll/sentence {last_train['nll_per_sentence']:.2f} | |g| {last_train['grad_norm']:.3f} | "
+                    f"{last_train['tokens_per_s']:,.0f} tok/s | ETA {format_duration(eta)}"
+                )
+            window.reset()
+
+        val = None
+        if step % config.eval_every == 0 or step == total:
+            batches = (place.batch(b) for b in inputs.validation)
+            val = evaluate(state.params, batches, step_cfg, step=place.eval_step)
+            logger.write("validation", step, val)
+            logger.log(_validation_line(step, val))
+            last_val = val
+        if step % config.checkpoint_every == 0 or step == total:
+            if not place.all_finite(state.params):
+                raise _diverged("non-finite parameters", step, ckpt)
+            metrics_for_best = None if val is None else {"nll_per_token": val["nll_per_token"]}
+            position = data_state(inputs)
+            if jax.process_count() > 1:  # every process consumed the same global batches (lockstep updates)
+                multihost_utils.assert_equal(position["next_index"], "iterator positions differ")
+            ckpt.save(step, state, position, config_dict, metrics=metrics_for_best)
+    ckpt.wait()
+    best = ckpt.best_step()
+    if step > start:
+        logger.log(
+            f"done: step {step} in {format_duration(time.monotonic() - run_start)}; checkpoints "
+            f"{ckpt.all_steps()} (best: {best}) in {ckpt.directory}"
+        )
+    else:
+        logger.log(f"nothing to do: the run is already at step {step} of {total}")
+    return TrainResult(step, state, last_train, last_val, best, ckpt.directory)
