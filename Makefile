@@ -10,7 +10,9 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.attn-jax-installed
 EXTRAS ?= all,dev
 # Two workers on CI's two cores; a file's tests stay on one worker so module fixtures (trained runs) build once.
-PYTEST_ARGS ?= -n auto --dist loadfile
+# `heavy` tests (multi-process training, whole sharded trainer runs: minutes of compiling each) run in `make test-all`,
+# so that `make test` stays within CI's ~15 minutes on 2 cores.
+PYTEST_ARGS ?= -n auto --dist loadfile -m "not heavy"
 DEMO_DIR ?= runs/demo
 # PRESET=paper prints the full-size WMT'14 commands (for an accelerator) instead of training here.
 PRESET ?= cpu
@@ -18,7 +20,7 @@ DEMO_ARGS ?=
 BENCH_ARGS ?=
 TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 
-.PHONY: demo test bench lint clean install
+.PHONY: demo test test-all bench lint clean install
 
 install: $(STAMP)
 
@@ -33,6 +35,9 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+test-all: $(STAMP)
+	$(BIN)/python -m pytest -n auto --dist loadfile
 
 bench: $(STAMP)
 	@$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install --quiet torch --index-url $(TORCH_INDEX)

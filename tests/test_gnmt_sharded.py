@@ -218,8 +218,8 @@ def _compile(strategy, mesh_shape, stages, state, batch):
 
 
 CASES = [
-    pytest.param(*STRATEGIES[0], id="data4", marks=pytest.mark.slow),
-    pytest.param(*STRATEGIES[1], id="model2", marks=pytest.mark.slow),
+    pytest.param(*STRATEGIES[0], id="data4", marks=[pytest.mark.slow, pytest.mark.heavy]),
+    pytest.param(*STRATEGIES[1], id="model2", marks=[pytest.mark.slow, pytest.mark.heavy]),
     pytest.param(*STRATEGIES[2], id="stage2", marks=pytest.mark.slow),
     pytest.param(*STRATEGIES[3], id="data4xstage2"),
 ]

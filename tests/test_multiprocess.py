@@ -124,6 +124,7 @@ def _close(got, want):
 
 
 @pytest.mark.slow
+@pytest.mark.heavy  # 3 trainer processes, each compiling its steps: ~3 CPU-minutes; `make test-all` runs it
 def test_two_processes_train_like_one_and_resume_in_one(tmp_path):
     cache, one, two = tmp_path / "jax_cache", tmp_path / "one", tmp_path / "two"
     # One process with 4 devices: updates 1-4, checkpoints at 3 and 4.

@@ -87,6 +87,7 @@ def _train_losses(workdir):
 
 
 @pytest.mark.slow  # the module's three runs compile 3 train steps (~1 min idle, 4 min on 2 loaded cores)
+@pytest.mark.heavy
 def test_data_parallel_run_equals_the_single_device_run(runs):
     tmp, data4 = runs["tmp"], runs["data4"]
     want = load_checkpoint(tmp / "none", step=3)
@@ -116,6 +117,7 @@ def test_data_parallel_run_equals_the_single_device_run(runs):
 
 
 @pytest.mark.slow
+@pytest.mark.heavy
 def test_checkpoint_resumes_on_another_mesh(runs):
     tmp, none, resumed, log = runs["tmp"], runs["none"], runs["resumed"], runs["resumed_log"]
     assert "resumed from step 3" in log and "parallel.strategy" in log  # the changed keys are named
