@@ -10,7 +10,8 @@ Same sizes (embedding 64, hidden 128, maxout 64), data (20,000 generated pairs o
 Expected (measured, seed 0, `make demo` from a fresh clone): 467k parameters; validation loss 3.86 / 3.47 / 3.21 /
 3.01 / 2.78 / 2.58 at steps 500 / 1000 / ... / 3000 (perplexity 47 → 13), still falling when training stops,
 where RNNsearch reaches 0.19 (configs/rnnsearch_cpu.py): a model that sees the source only through one 128-unit
-vector learns far more slowly. 6m24s of training on a 2-core CPU shared with other jobs (load 8-10).
+vector learns far more slowly. Training takes 2m30s on an idle
+2-core CPU (6m24s when it was shared with other jobs, load 8-10).
 No attention diagnostics (the model has none).
 Smoke (`:smoke`): 30 updates on 300 short pairs, ~30 s wall (mostly compilation).
 """

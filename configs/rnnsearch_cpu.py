@@ -13,9 +13,9 @@ reached validation loss 3.79 with the attention still uniform.
 
 Expected (measured, seed 0, `make demo` from a fresh clone): 614k parameters; validation loss 3.45 / 0.45 / 0.28 /
 0.24 / 0.23 / 0.19 at steps 500 / 1000 / ... / 3000 (perplexity 31 → 1.20); the attention locks onto the alignment
-between steps 500 and 1000 (gold hit 0.13 → 0.78 → 0.81 at the end, normalised entropy 0.86 → 0.15). 14m12s of
-training on a 2-core CPU shared with other jobs (load 8-10); about 5.5 minutes idle. Test BLEU (beam 4, 140
-pairs): see experiments/bahdanau2015/README.md.
+between steps 500 and 1000 (gold hit 0.13 → 0.78 → 0.81 at the end, normalised entropy 0.86 → 0.15). Training takes
+5m18s on an idle 2-core CPU (14m12s when it was shared with other jobs, load 8-10; the same numbers: a CPU
+run is deterministic). Test BLEU (beam 4, 140 pairs): see experiments/bahdanau2015/README.md.
 Smoke (`:smoke`): 30 updates on 300 short pairs, ~30 s wall (mostly compilation).
 """
 
