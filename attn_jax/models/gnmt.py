@@ -64,6 +64,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from attn_jax.models.interface import EncoderOutput, check_source, check_tokens
+from attn_jax.models.presets import canonicalize_dtypes
 from attn_jax.nn._params import partitioned, unwrap
 from attn_jax.nn.attention import AdditiveAttention
 from attn_jax.nn.lstm import (
@@ -89,7 +90,6 @@ __all__ = [
 
 GNMTAttention = Literal["normed_additive", "additive"]
 GNMT_ATTENTIONS: tuple[str, ...] = ("normed_additive", "additive")
-_FLOAT_DTYPES = ("float32", "bfloat16", "float16")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -144,17 +144,7 @@ class GNMTConfig:
                     f"GNMT config: the {side}'s {depth} residual layers do not split into "
                     f"pipeline_stages={self.pipeline_stages} equal stages"
                 )
-        for name in ("param_dtype", "dtype"):
-            value = getattr(self, name)
-            try:
-                canonical = jnp.dtype(value).name
-            except TypeError:
-                canonical = None
-            if canonical not in _FLOAT_DTYPES:
-                raise ValueError(
-                    f"GNMT config: {name} must be one of {', '.join(_FLOAT_DTYPES)}; got {value!r}"
-                )
-            object.__setattr__(self, name, canonical)
+        canonicalize_dtypes(self, "GNMT config")
 
     @property
     def arch(self) -> str:

@@ -21,6 +21,19 @@ SCORERS: tuple[str, ...] = ("additive", "normed_additive", "dot", "general", "lo
 _FLOAT_DTYPES = ("float32", "bfloat16", "float16")
 
 
+def canonicalize_dtypes(config, label: str) -> None:
+    """Check a frozen model config's ``param_dtype``/``dtype`` and store their canonical names (one-line errors)."""
+    for name in ("param_dtype", "dtype"):
+        value = getattr(config, name)
+        try:
+            canonical = jnp.dtype(value).name
+        except TypeError:
+            canonical = None
+        if canonical not in _FLOAT_DTYPES:
+            raise ValueError(f"{label}: {name} must be one of {', '.join(_FLOAT_DTYPES)}; got {value!r}")
+        object.__setattr__(config, name, canonical)
+
+
 @dataclasses.dataclass(frozen=True)
 class RNNConfig:
     """Sizes and options of RNNsearch (Bahdanau et al. 2015) and RNNenc (Cho et al. 2014).
@@ -81,17 +94,7 @@ class RNNConfig:
             raise ValueError(
                 "model config: input_feeding needs attention (arch='rnnsearch'); RNNenc has none"
             )
-        for name in ("param_dtype", "dtype"):
-            value = getattr(self, name)
-            try:
-                canonical = jnp.dtype(value).name
-            except TypeError:
-                canonical = None
-            if canonical not in _FLOAT_DTYPES:
-                raise ValueError(
-                    f"model config: {name} must be one of {', '.join(_FLOAT_DTYPES)}; got {value!r}"
-                )
-            object.__setattr__(self, name, canonical)
+        canonicalize_dtypes(self, "model config")
 
     def replace(self, **changes) -> RNNConfig:
         """A copy with ``changes`` applied (validated again)."""

@@ -68,6 +68,7 @@ from attn_jax.attention._positional import (
     sinusoidal_positions,
 )
 from attn_jax.models.interface import EncoderOutput, check_source, check_tokens
+from attn_jax.models.presets import canonicalize_dtypes
 from attn_jax.nn._params import partitioned, unwrap, wrap
 from attn_jax.typing import Array, Bool, Float, Int
 
@@ -89,7 +90,6 @@ Sharing = Literal["none", "decoder", "all"]
 NORMS: tuple[str, ...] = ("pre", "post")
 POSITIONS: tuple[str, ...] = ("sinusoidal", "learned", "rope")
 SHARINGS: tuple[str, ...] = ("none", "decoder", "all")
-_FLOAT_DTYPES = ("float32", "bfloat16", "float16")
 _LN_EPS = 1e-6
 _QKV = ("query", "key", "value")
 _TRUNCATED_NORMAL_STD = 0.87962566103423978  # std of a unit normal truncated to [-2, 2]
@@ -185,17 +185,7 @@ class TransformerConfig:
                 f"transformer config: share_embeddings='all' needs one joint vocabulary, but src_vocab "
                 f"({self.src_vocab}) != tgt_vocab ({self.tgt_vocab}); use 'decoder' or 'none'"
             )
-        for name in ("param_dtype", "dtype"):
-            value = getattr(self, name)
-            try:
-                canonical = jnp.dtype(value).name
-            except TypeError:
-                canonical = None
-            if canonical not in _FLOAT_DTYPES:
-                raise ValueError(
-                    f"transformer config: {name} must be one of {', '.join(_FLOAT_DTYPES)}; got {value!r}"
-                )
-            object.__setattr__(self, name, canonical)
+        canonicalize_dtypes(self, "transformer config")
         object.__setattr__(self, "dropout", float(self.dropout))
 
     @property
