@@ -283,6 +283,32 @@ def measure(
     return Timing(statistics.median(samples), first, len(samples))
 
 
+def measure_interleaved(ctx: Ctx, calls: dict[str, Callable[[], object]]) -> dict[str, Timing]:
+    """Median seconds of each of several already-compiled calls, timed in alternation.
+
+    Each call is warmed up once; then every round times each call once, the order rotating from round to round,
+    until the slowest call's share of ``budget_s`` is spent (``min_repeats``..``max_repeats`` rounds). On a shared,
+    noisy machine a slow spell then hits every variant alike instead of whichever one was being timed, so the
+    ratios of the medians are far steadier than those of variants timed one after the other.
+    """
+    s = ctx.sizes
+    names = list(calls)
+
+    def once(name: str) -> float:
+        t0 = time.perf_counter()
+        calls[name]()
+        return time.perf_counter() - t0
+
+    first = {n: once(n) for n in names}
+    slowest = max(first.values())
+    rounds = min(s.max_repeats, max(s.min_repeats, math.ceil(s.budget_s / max(slowest, 1e-9))))
+    samples: dict[str, list[float]] = {n: [] for n in names}
+    for r in range(rounds):
+        for n in names[r % len(names) :] + names[: r % len(names)]:
+            samples[n].append(once(n))
+    return {n: Timing(statistics.median(samples[n]), first[n], rounds) for n in names}
+
+
 def compiled_bytes(compiled) -> int | None:
     """Argument + output + temp bytes of a compiled JAX program (``None`` if the backend does not say)."""
     m = compiled.memory_analysis()
@@ -315,7 +341,9 @@ def row_dot_product(ctx: Ctx) -> Section:
         "1. Scaled dot-product attention: attn_jax default path vs jax.nn vs PyTorch",
         f"B={b}, H={h}, K={d}, self-attention (T = S = L), no mask. attn_jax takes `[B, H, L, K]`, "
         "`jax.nn.dot_product_attention` `[B, L, H, K]` (inputs transposed outside the timed call), torch "
-        "`[B, H, L, K]`. fwd+bwd = the VJP of all three inputs against a fixed random cotangent. Target: "
+        "`[B, H, L, K]`. fwd+bwd = the VJP of all three inputs against a fixed random cotangent. The JAX "
+        "variants are timed in alternation, round by round (`measure_interleaved`), so that the machine's "
+        "noise hits both sides of the ratio alike; torch is timed after them. Target: "
         f"attn_jax default / jax.nn ≤ {DPA_RATIO_MAX}.",
     )
     header = ["dtype", "L", "pass", "attn_jax default (path)", "jax.nn", "torch SDPA"]
@@ -345,6 +373,7 @@ def row_dot_product(ctx: Ctx) -> Section:
             for mode in ("fwd", "fwd+bwd"):
                 cells: dict[str, str] = {}
                 times: dict[str, float] = {}
+                ready: dict[str, Callable[[], object]] = {}
                 for name, (fn, impl, (a1, a2, a3, cot)) in variants.items():
                     f = functools.partial(fn, implementation=impl)
                     if mode == "fwd":
@@ -361,10 +390,12 @@ def row_dot_product(ctx: Ctx) -> Section:
                     if need is not None and need > ctx.mem_limit:
                         cells[name] = f"skipped (needs {fmt_bytes(need)})"
                         continue
-                    ctx.log(f"row 1: {dtype} L={length} {mode} {name}")
-                    t = measure(ctx, jax_call(ctx, compiled, *args))
-                    times[name] = t.median
-                    cells[name] = fmt_time(t.median)
+                    ready[name] = jax_call(ctx, compiled, *args)
+                if ready:
+                    ctx.log(f"row 1: {dtype} L={length} {mode} {', '.join(ready)} (interleaved)")
+                    for name, t in measure_interleaved(ctx, ready).items():
+                        times[name] = t.median
+                        cells[name] = fmt_time(t.median)
                 if ctx.torch_device is not None:
                     t = _torch_sdpa(ctx, (q, k, v, g), dtype, mode)
                     times["torch"] = t.median
@@ -523,11 +554,13 @@ def row_chunked(ctx: Ctx) -> Section:
     q, k, v, g = inputs(s.time_length)
     times = {}
     for mode in ("fwd", "fwd+bwd"):
+        ready = {}
         for impl in ("xla", "chunked"):
             prog, args = (fwd[impl], (q, k, v)) if mode == "fwd" else (program(impl), (q, k, v, g))
-            compiled = prog.lower(*args).compile()
-            ctx.log(f"row 2: timing L={s.time_length} {mode} {impl}")
-            times[mode, impl] = measure(ctx, jax_call(ctx, compiled, *args)).median
+            ready[impl] = jax_call(ctx, prog.lower(*args).compile(), *args)
+        ctx.log(f"row 2: timing L={s.time_length} {mode} xla, chunked (interleaved)")
+        for impl, t in measure_interleaved(ctx, ready).items():
+            times[mode, impl] = t.median
 
     at = s.mem_target_length
     summary = [
