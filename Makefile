@@ -1,6 +1,7 @@
 # Two commands do everything on a fresh machine with only Python:
 #   make demo   – bootstrap .venv, install attn-jax with its extras, run the main job
-#                 (the attention showcase, then experiments/bahdanau2015: RNNenc vs RNNsearch -> runs/demo/report.md)
+#                 (the attention showcase, then experiments/bahdanau2015: RNNenc vs RNNsearch, with the Transformer
+#                 beside them -> runs/demo/report.md)
 #   make test   – the same bootstrap, then the test suite
 #   make bench  – experiments/benchmarks: side-by-side timings and memory vs jax.nn and PyTorch -> RESULTS.md
 #                 (BENCH_ARGS=--quick for the smoke version; installs the CPU PyTorch wheel if torch is missing)

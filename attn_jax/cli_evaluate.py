@@ -13,13 +13,15 @@ them to ``--out`` (default ``workdir/eval/<split>``):
     alignments.txt                                  Pharaoh links from teacher-forced attention (AER's input)
     bleu_by_length.{md,json}  summary.{md,json}     the tables (JSON: fractions, null for an empty bucket)
     evaluation.json  evaluation.md                  everything: scores, options, checkpoint, timings, pictures
-    bleu_by_length.png  attention_<k>.png  attention_<k>_reference.png
+    bleu_by_length.png  attention_<k>.png  attention_<k>_reference.png  attention_<k>_head.png
 
 AER uses attention from teacher forcing on the *reference* (the gold aligns source and reference words, so the
 attention of a decoded hypothesis cannot be scored against it): each reference word is linked to its
 most-attended source word (``argmax_alignment``). ``attention_<k>.png`` shows the attention while the model
 produced its own translation (the paper's Figure 3); ``attention_<k>_reference.png`` the teacher-forced
-attention on the reference with the gold links drawn as red squares.
+attention on the reference with the gold links drawn as red squares. For a multi-head model (the Transformer)
+both show the last decoder layer's cross-attention averaged over heads, and ``attention_<k>_head.png`` its
+sharpest single head (lowest mean entropy) on the model's own translation.
 
 Exit status: 0 done; 1 a missing workdir or checkpoint, an unreadable corpus or split; 2 a bad flag.
 """
@@ -42,6 +44,7 @@ import numpy as np
 from attn_jax.cli_translate import (
     LoadedModel,
     TranslateError,
+    Translation,
     length_batches,
     load_model,
     pad_rows,
@@ -50,7 +53,14 @@ from attn_jax.cli_translate import (
     translate_sentences,
 )
 
-__all__ = ["add_evaluate_parser", "evaluate_workdir", "load_split", "run_evaluate"]
+__all__ = [
+    "add_evaluate_parser",
+    "evaluate_workdir",
+    "hypothesis_cross_attention",
+    "load_split",
+    "run_evaluate",
+    "sharpest_head",
+]
 
 _SYSTEM_NAMES = {"rnnsearch": "RNNsearch", "rnnenc": "RNNenc", "gnmt": "GNMT", "transformer": "Transformer"}
 
@@ -156,6 +166,55 @@ def reference_attention(
         for r, i in enumerate(chunk):
             out[i] = weights[r, : len(tgt_ids[i]) + 1, : len(src_ids[i]) + 1]
     return out  # type: ignore[return-value]
+
+
+@functools.cache
+def _cross_attention_heads():
+    """The jitted ``(graphdef, state, src, src_mask, tgt_in) -> [B, L_dec, H, T, S]`` of a multi-head model."""
+    import jax
+    from flax import nnx
+
+    def heads(graphdef, state, src, src_mask, tgt_in):
+        return nnx.merge(graphdef, state).cross_attention_weights(src, src_mask, tgt_in)
+
+    return jax.jit(heads, static_argnums=0)
+
+
+def hypothesis_cross_attention(
+    loaded: LoadedModel, source: str, hypothesis: Translation
+) -> np.ndarray | None:
+    """Every head of the last decoder layer's cross-attention on the model's own translation.
+
+    Teacher-forces ``hypothesis`` (``<s>`` then its ids) through a multi-head model's
+    ``cross_attention_weights``: float32 ``[H, m + 1, n + 1]``, rows and columns laid out as
+    :attr:`Translation.attention`. A causal decoder run on its own output reproduces the attention it had while
+    decoding, so the mean over heads equals ``hypothesis.attention`` (the cached decoder's head average).
+    None for a model without per-head cross-attention (the RNNs).
+    """
+    from flax import nnx
+
+    if not hasattr(loaded.model, "cross_attention_weights"):
+        return None
+    sv, tv = loaded.src_vocab, loaded.tgt_vocab
+    src_ids = sv.encode(source)
+    n, m = len(src_ids), len(hypothesis.ids)
+    src, mask = pad_rows([src_ids], n + 1, 1, sv.eos_id, sv.pad_id)
+    tgt_in = np.asarray([[tv.bos_id, *hypothesis.ids]], np.int32)
+    graphdef, state = nnx.split(loaded.model)
+    weights = np.asarray(_cross_attention_heads()(graphdef, state, src, mask, tgt_in))  # [1, L_dec, H, T, S]
+    return weights[0, -1, :, : m + 1, : n + 1]
+
+
+def sharpest_head(weights: np.ndarray) -> int:
+    """The head whose attention rows have the lowest mean entropy (the most alignment-like): ``weights`` is
+    ``[H, T, S]`` with rows summing to 1; ties go to the lowest index.
+
+    >>> sharpest_head(np.array([[[0.5, 0.5]], [[0.9, 0.1]], [[0.1, 0.9]]]))
+    1
+    """
+    w = np.asarray(weights, np.float64)
+    entropy = -np.sum(w * np.log(np.where(w > 0, w, 1.0)), axis=-1).mean(axis=-1)  # [H]
+    return int(np.argmin(entropy))
 
 
 def _write_lines(path: str, lines: Sequence[str]) -> None:
@@ -311,9 +370,26 @@ def evaluate_workdir(
                     [*hyp.source_tokens, "</s>"],
                     [*hyp.tokens, "</s>"],
                     path(f"attention_{k}.png"),
-                    title=f"{system}, {split} #{keep[i]}: own translation",
+                    title=f"{system}, {split} #{keep[i]}: own translation"
+                    + (
+                        ", last layer, mean of heads"
+                        if hasattr(loaded.model, "cross_attention_weights")
+                        else ""
+                    ),
                 )
             )
+            heads = hypothesis_cross_attention(loaded, sources[i], hyp)
+            if heads is not None:
+                h = sharpest_head(heads)
+                heatmaps.append(
+                    ev.plot_attention(
+                        heads[h],
+                        [*hyp.source_tokens, "</s>"],
+                        [*hyp.tokens, "</s>"],
+                        path(f"attention_{k}_head.png"),
+                        title=f"{system}, {split} #{keep[i]}: own translation, last layer, head {h} (sharpest)",
+                    )
+                )
         if ref_attention is not None and src_words is not None:
             heatmaps.append(
                 ev.plot_attention(

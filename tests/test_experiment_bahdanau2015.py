@@ -1,4 +1,4 @@
-"""experiments/bahdanau2015/run.py: the smoke run trains both systems and writes a report with every section filled."""
+"""experiments/bahdanau2015/run.py: the smoke run trains all three systems and writes a report with every section filled."""
 
 import os
 import re
@@ -14,6 +14,7 @@ SECTIONS = (
     "## BLEU by source sentence length",
     "## Overall BLEU, No-UNK BLEU, AER",
     "## RNNsearch attention on long test sentences",
+    "## Transformer cross-attention on the same sentences",
     "## Wall times",
     "## Seeds",
     "## Configs",
@@ -57,22 +58,27 @@ def test_smoke_run_writes_a_complete_report(tmp_path):
     assert positions == sorted(positions)
     sections = dict(zip(SECTIONS, re.split(r"\n## ", text)[1:], strict=True))
 
-    # Both systems' columns in the BLEU-by-length table, one row per paper bucket plus "all".
+    # Three systems' columns in the BLEU-by-length table, one row per paper bucket plus "all".
     by_length = sections["## BLEU by source sentence length"]
-    assert re.search(r"^\| source length \| sentences \| RNNenc \| RNNsearch \|$", by_length, re.M)
+    assert re.search(
+        r"^\| source length \| sentences \| RNNenc \| RNNsearch \| Transformer \|$", by_length, re.M
+    )
     rows = re.findall(r"^\| (0-9|10-19|20-29|30-39|40-49|50-59|60\+|all) \|", by_length, re.M)
     assert rows == ["0-9", "10-19", "20-29", "30-39", "40-49", "50-59", "60+", "all"]
-    all_row = re.search(r"^\| all \| (\d+) \| ([\d.]+) \| ([\d.]+) \|$", by_length, re.M)
+    all_row = re.search(r"^\| all \| (\d+) \| ([\d.]+) \| ([\d.]+) \| ([\d.]+) \|$", by_length, re.M)
     assert all_row and int(all_row.group(1)) == 7
 
-    # Summary: both systems; RNNsearch has an AER number, RNNenc (no attention) does not.
+    # Summary: all systems; RNNsearch and the Transformer have an AER number, RNNenc (no attention) does not.
     summary = sections["## Overall BLEU, No-UNK BLEU, AER"]
     enc = re.search(r"^\| RNNenc \| ([\d.]+) \|.*$", summary, re.M)
     search = re.search(
         r"^\| RNNsearch \| ([\d.]+) \|.*\| ([\d.]+) \| ([\d.]+) \| ([\d.]+) \|$", summary, re.M
     )
-    assert enc and search
-    assert 0.0 <= float(search.group(2)) <= 100.0
+    transformer = re.search(
+        r"^\| Transformer \| ([\d.]+) \|.*\| ([\d.]+) \| ([\d.]+) \| ([\d.]+) \|$", summary, re.M
+    )
+    assert enc and search and transformer
+    assert 0.0 <= float(search.group(2)) <= 100.0 and 0.0 <= float(transformer.group(2)) <= 100.0
 
     # Every linked picture exists and is a PNG: the BLEU-by-length plot and three RNNsearch heatmaps.
     links = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", text)
@@ -81,20 +87,27 @@ def test_smoke_run_writes_a_complete_report(tmp_path):
         r"!\[[^\]]*\]\(([^)]+)\)", sections["## RNNsearch attention on long test sentences"]
     )
     assert len(heatmaps) == 3 and all("rnnsearch" in h and "attention_" in h for h in heatmaps)
+    # The Transformer's: per sentence, the head average and one head.
+    tf_maps = re.findall(
+        r"!\[[^\]]*\]\(([^)]+)\)", sections["## Transformer cross-attention on the same sentences"]
+    )
+    assert len(tf_maps) == 6 and all("transformer" in h for h in tf_maps)
+    assert sum(h.endswith("_head.png") for h in tf_maps) == 3
     for link in links:
         assert _is_png(out / link), link
 
     # Wall times: a positive number of seconds for both systems' training and evaluation.
     times = sections["## Wall times"]
-    for system in ("RNNenc", "RNNsearch"):
+    for system in ("RNNenc", "RNNsearch", "Transformer"):
         m = re.search(rf"^\| {system} \| ([\d.]+) s .*\| ([\d.]+) s .*\| 30 \| 30 \|$", times, re.M)
         assert m and float(m.group(1)) > 0 and float(m.group(2)) > 0, system
 
     # Seeds, configs (the smoke sizes), versions and machine.
-    assert sections["## Seeds"].count("`seed=0`") == 2
+    assert sections["## Seeds"].count("`seed=0`") == 3
     configs = sections["## Configs"]
-    assert '"model.arch": "rnnenc"' in configs and '"model.arch": "rnnsearch"' in configs
-    assert configs.count('"num_train_steps": 30') == 2 and configs.count('"model.hidden": 24') == 2
+    for arch in ("rnnenc", "rnnsearch", "transformer"):
+        assert f'"model.arch": "{arch}"' in configs, arch
+    assert configs.count('"num_train_steps": 30') == 3 and configs.count('"model.hidden": 24') == 2
     versions = sections["## Versions"]
     for package in ("python", "jax", "flax", "optax", "orbax-checkpoint", "sacrebleu"):
         m = re.search(rf"^\| {re.escape(package)} \| (\S+) \|$", versions, re.M)
@@ -103,3 +116,16 @@ def test_smoke_run_writes_a_complete_report(tmp_path):
     assert re.search(rf"^\| cpu_count \| {os.cpu_count()} \|$", machine, re.M)
     assert re.search(r"^\| platform \| \S+", machine, re.M)
     assert "rnnenc_cpu/" in sections["## Files"] and "rnnsearch_cpu/eval/test/" in sections["## Files"]
+    assert "transformer_cpu/eval/test/" in sections["## Files"]
+
+
+def test_systems_flag_rejects_an_unknown_system(tmp_path):
+    p = subprocess.run(
+        [sys.executable, RUN, "--systems", "RNNsearch,GPT", "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert p.returncode == 2
+    assert "--systems" in p.stderr and "'GPT'" in p.stderr and "Transformer" in p.stderr
+    assert not os.path.exists(tmp_path / "report.md")

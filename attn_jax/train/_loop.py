@@ -109,6 +109,15 @@ class TrainResult(NamedTuple):
     checkpoint_dir: str
 
 
+def _attention_label(m) -> str:
+    """What the training log says of a model's attention (RNNenc has none)."""
+    if m.arch == "rnnenc":
+        return "none, fixed-length context"
+    if m.arch == "transformer":
+        return f"multi-head scaled dot-product, {m.heads} heads"
+    return str(getattr(m, "scorer", None) or getattr(m, "attention", None))
+
+
 def _sum(tree) -> dict[str, float]:
     return {k: float(np.asarray(v, np.float64)) for k, v in tree._asdict().items()}
 
@@ -501,7 +510,7 @@ def train_and_evaluate(
                 json.dump(config_dict, f, indent=2, sort_keys=True)
         m = step_cfg.model
         logger.log(
-            f"model: {m.arch} (attention {getattr(m, 'scorer', getattr(m, 'attention', None))}) with {param_count(m):,} parameters, vocabularies "
+            f"model: {m.arch} (attention: {_attention_label(m)}) with {param_count(m):,} parameters, vocabularies "
             f"{m.src_vocab:,} / {m.tgt_vocab:,}, compute {m.dtype}; data: {inputs.train_pairs:,} training pairs "
             f"in {len(inputs.train.plan.shapes)} batch shapes {inputs.train.plan.shapes}, "
             f"{inputs.validation_pairs:,} validation pairs; optimizer {step_cfg.optimizer.name}"

@@ -1,17 +1,20 @@
-"""Bahdanau, Cho & Bengio (2015) at CPU scale: RNNenc vs RNNsearch on the built-in corpus, one report.
+"""Bahdanau, Cho & Bengio (2015) at CPU scale: RNNenc vs RNNsearch, with the Transformer beside them, one report.
 
     python experiments/bahdanau2015/run.py                    # CPU preset -> runs/demo/report.md
     python experiments/bahdanau2015/run.py --smoke --out /tmp/b15   # ~1-2 min: tiny configs, same report
     python experiments/bahdanau2015/run.py --preset paper     # prints the full-size WMT'14 commands, trains nothing
 
-Trains RNNenc (configs/rnnenc_cpu.py) and RNNsearch (configs/rnnsearch_cpu.py) with the same budget (the two
-configs share sizes, data, optimiser and number of updates), evaluates both on the test split with beam search
-(``attn_jax.cli_evaluate.evaluate_workdir``) and writes ``<out>/report.md``: BLEU by source length (the paper's
-Figure 2) as a table and a plot, overall BLEU / No-UNK BLEU / AER (Table 1), three RNNsearch attention heatmaps of
-long test sentences (Figure 3), the exact configs, seeds, package versions, the machine and wall times.
+Trains RNNenc (configs/rnnenc_cpu.py), RNNsearch (configs/rnnsearch_cpu.py) and the Transformer
+(configs/transformer_cpu.py) on the same data with the same budget (the same generated pairs, batches of 32
+sentences and number of updates; the RNN pair also shares sizes and optimiser), evaluates each on the test split
+with beam search (``attn_jax.cli_evaluate.evaluate_workdir``) and writes ``<out>/report.md``: BLEU by source length
+(the paper's Figure 2) as a table and a plot, overall BLEU / No-UNK BLEU / AER (Table 1), three RNNsearch attention
+heatmaps of long test sentences (Figure 3), the Transformer's cross-attention on the same sentences (last decoder
+layer: the mean of its heads and its sharpest single head), the exact configs, seeds, package versions, the machine
+and wall times. ``--systems RNNenc,RNNsearch`` runs a subset (the paper's own two).
 
 Only calls the library: no model, training or scoring code lives here. Each run's directory
-(``<out>/rnnenc_cpu``, ``<out>/rnnsearch_cpu``) is deleted and retrained on every call.
+(``<out>/rnnenc_cpu``, ``<out>/rnnsearch_cpu``, ``<out>/transformer_cpu``) is deleted and retrained on every call.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ import time
 from collections.abc import Sequence
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-SYSTEMS = (("RNNenc", "rnnenc_cpu"), ("RNNsearch", "rnnsearch_cpu"))
+SYSTEMS = (("RNNenc", "rnnenc_cpu"), ("RNNsearch", "rnnsearch_cpu"), ("Transformer", "transformer_cpu"))
 PACKAGES = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "sacrebleu", "numpy", "attn-jax")
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -64,9 +67,21 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="config override applied to both models (e.g. --set num_train_steps=3000); repeatable",
+        help="config override applied to every model (e.g. --set num_train_steps=3000); repeatable",
     )
-    return p.parse_args(argv)
+    p.add_argument(
+        "--systems",
+        default=",".join(s for s, _ in SYSTEMS),
+        help="comma-separated systems to train and compare (default: %(default)s)",
+    )
+    args = p.parse_args(argv)
+    known = [s for s, _ in SYSTEMS]
+    chosen = [s.strip() for s in args.systems.split(",") if s.strip()]
+    unknown = [s for s in chosen if s not in known]
+    if unknown or not chosen:
+        p.error(f"--systems: unknown system(s) {unknown or chosen!r}; choose from {', '.join(known)}")
+    args.systems = [s for s in known if s in chosen]
+    return args
 
 
 def package_versions() -> dict[str, str]:
@@ -116,6 +131,8 @@ def run_experiment(args: argparse.Namespace) -> str:
 
     runs = {}
     for system, name in SYSTEMS:
+        if system not in args.systems:
+            continue
         spec = os.path.join(REPO, "configs", f"{name}.py") + (":smoke" if args.smoke else "")
         config = apply_overrides(load_config(spec), args.set)
         workdir = os.path.join(out, name)
@@ -145,24 +162,49 @@ def run_experiment(args: argparse.Namespace) -> str:
     plot = ev.plot_bleu_by_length(
         by_length, os.path.join(out, "bleu_by_length.png"), title="BLEU by source sentence length (test)"
     )
-    search = runs["RNNsearch"]["eval"]["files"]
-    heatmaps = [search[f"attention_{k}.png"] for k in range(3) if f"attention_{k}.png" in search]
     total_s = time.perf_counter() - t_start
+    names = list(runs)
 
     md = [
-        "# Bahdanau et al. (2015) at CPU scale: RNNenc vs RNNsearch\n",
-        f"Preset: {'cpu, smoke configs' if args.smoke else 'cpu'}. Both models trained with the same budget, "
-        f"evaluated on the test split with beam {beam} on at most {max_examples} pairs "
-        "spread over the source-length buckets.\n",
+        f"# Bahdanau et al. (2015) at CPU scale: {' vs '.join(names)}\n",
+        f"Preset: {'cpu, smoke configs' if args.smoke else 'cpu'}. Every model trained on the same data with the same "
+        f"number of updates and batch size, evaluated on the test split with beam {beam} on at most {max_examples} "
+        "pairs spread over the source-length buckets.\n",
         "## BLEU by source sentence length (Figure 2)\n",
         ev.bleu_by_length_markdown(by_length),
         f"![BLEU by length]({_rel(plot, out)})\n",
         "## Overall BLEU, No-UNK BLEU, AER (Table 1)\n",
         ev.summary_markdown(scores),
-        "AER: RNNenc has no attention, so it has no alignment to score.\n",
-        "## RNNsearch attention on long test sentences (Figure 3)\n",
     ]
-    md += [f"![{os.path.basename(h)}]({_rel(h, out)})\n" for h in heatmaps] or ["(no heatmap was written)\n"]
+    if "RNNenc" in runs:
+        md.append("AER: RNNenc has no attention, so it has no alignment to score.")
+    if "Transformer" in runs:
+        md.append(
+            "AER of the Transformer: its last decoder layer's cross-attention averaged over heads, "
+            "teacher-forced on the reference (each reference word linked to its most-attended source word)."
+        )
+    md.append("")
+    for system, caption in (
+        ("RNNsearch", "RNNsearch attention on long test sentences (Figure 3)"),
+        ("Transformer", "Transformer cross-attention on the same sentences (last decoder layer)"),
+    ):
+        if system not in runs:
+            continue
+        files = runs[system]["eval"]["files"]
+        md.append(f"## {caption}\n")
+        if system == "Transformer":
+            md.append(
+                "Left: the mean of the heads (what beam search and AER use); right: the single head with the "
+                "sharpest attention (lowest mean entropy) on the same translation.\n"
+            )
+        shown = False
+        for k in range(3):
+            pics = [files[f] for f in (f"attention_{k}.png", f"attention_{k}_head.png") if f in files]
+            if pics:
+                md.append(" ".join(f"![{os.path.basename(h)}]({_rel(h, out)})" for h in pics) + "\n")
+                shown = True
+        if not shown:
+            md.append("(no heatmap was written)\n")
     md += [
         "## Wall times\n",
         "| system | train | evaluate | best step | last step |",
@@ -171,7 +213,7 @@ def run_experiment(args: argparse.Namespace) -> str:
     for s, r in runs.items():
         t = r["trained"]
         md.append(f"| {s} | {_fmt_s(r['train_s'])} | {_fmt_s(r['eval_s'])} | {t.best_step} | {t.step} |")
-    md += ["", f"Total (train + evaluate both + report): {_fmt_s(total_s)}.\n", "## Seeds\n"]
+    md += ["", f"Total (train + evaluate all + report): {_fmt_s(total_s)}.\n", "## Seeds\n"]
     for s, r in runs.items():
         c = r["config"]
         md.append(
@@ -179,7 +221,7 @@ def run_experiment(args: argparse.Namespace) -> str:
         )
     md += ["", "## Configs\n"]
     if args.set:
-        md.append("Overrides applied to both: " + ", ".join(f"`{o}`" for o in args.set) + "\n")
+        md.append("Overrides applied to every model: " + ", ".join(f"`{o}`" for o in args.set) + "\n")
     for s, r in runs.items():
         flat = {k: (list(v) if isinstance(v, tuple) else v) for k, v in flatten_config(r["config"]).items()}
         md += [
