@@ -2,8 +2,17 @@
 
 import os
 
-# Must happen before the first `import jax` anywhere in the test session.
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+# Must happen before the first `import jax` anywhere in the test session (subprocesses inherit both).
+# XLA's backend (LLVM) optimisation level 0: the suite's time is mostly compiling many small programs that then run
+# a few times, and level 0 halves a CPU compilation (an RNNsearch train step 7 s -> 4 s, its initialiser 10 s -> 4 s)
+# while programs this small run about as fast (the 300-step Transformer overfitting test: 15.7 s -> 11.3 s; the
+# bahdanau2015 smoke run, a subprocess: 122 s -> 98 s). It is a code-generation setting (tests/test_gnmt_sharded.py
+# used it per program already): the tests that read compiled HLO or its memory analysis pass unchanged, and results
+# can differ from level 2 only in the last bit (e.g. where LLVM contracts a multiply-add), far inside every
+# tolerance here. An XLA_FLAGS set by the caller replaces both flags.
+os.environ.setdefault(
+    "XLA_FLAGS", "--xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0"
+)
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import jax  # noqa: E402

@@ -22,10 +22,18 @@ SENTENCES = [
 ]
 
 
-def make_run(workdir, *, arch: str = "rnnsearch", step: int = 1) -> str:
+def make_run(workdir, *, arch: str = "rnnsearch", step: int = 1, scale: float = 0.5) -> str:
     """A run directory with vocabularies, config and one untrained checkpoint at a tiny size, written with the
-    trainer's own API (seconds instead of a training run)."""
+    trainer's own API (seconds instead of a training run).
+
+    The checkpoint's state has the trainer's structure and dtypes (``init_train_state`` traced with
+    ``jax.eval_shape``; compiling its initialiser would cost ~10 s) with parameters drawn from N(0, scale²) with
+    NumPy: at that spread the attention is peaked, so argmax alignments compare without near-ties. The optimiser
+    state and the step are zero, as in a fresh state (Adam's count and moments).
+    """
     import json as _json
+
+    import jax
 
     from attn_jax import data
     from attn_jax.train import (
@@ -57,7 +65,15 @@ def make_run(workdir, *, arch: str = "rnnsearch", step: int = 1) -> str:
         optimizer=optimizer_config(config),
         label_smoothing=0.0,
     )
-    state = init_train_state(step_cfg, 0)
+    abstract = jax.eval_shape(lambda: init_train_state(step_cfg, 0))
+    rng = np.random.default_rng(0)
+    zeros = lambda s: np.zeros(s.shape, s.dtype)  # noqa: E731
+    state = abstract.replace(
+        step=zeros(abstract.step),
+        params=jax.tree.map(lambda s: rng.normal(0.0, scale, s.shape).astype(s.dtype), abstract.params),
+        opt_state=jax.tree.map(zeros, abstract.opt_state),
+        rng=zeros(abstract.rng),
+    )
     manager = CheckpointManager(os.path.join(workdir, "checkpoints"), async_save=False)
     manager.save(step, state, {}, _json.loads(config.to_json()), {"nll_per_token": 1.0})
     manager.close()
@@ -123,8 +139,9 @@ def test_batched_translation_equals_one_sentence_at_a_time(run_dir):
 def test_pharaoh_alignment_is_in_range(run_dir, tmp_path, capsys):
     src = tmp_path / "in.txt"
     src.write_text("\n".join(SENTENCES), encoding="utf-8")
+    # Beam 3 as in test_file_and_stdin_give_one_line_per_input: the same compiled search.
     status, out, err = _translate(
-        ["--workdir", run_dir, "--input", str(src), "--beam", "2", "--alignment", "pharaoh"], capsys
+        ["--workdir", run_dir, "--input", str(src), "--beam", "3", "--alignment", "pharaoh"], capsys
     )
     assert status == 0, err
     lines = out.splitlines()
@@ -141,8 +158,9 @@ def test_pharaoh_alignment_is_in_range(run_dir, tmp_path, capsys):
 def test_json_alignment_and_nbest(run_dir, tmp_path, capsys):
     src = tmp_path / "in.txt"
     src.write_text("\n".join(SENTENCES), encoding="utf-8")
+    # --nbest 3 here and in the plain n-best format below: one compiled search for both.
     status, out, err = _translate(
-        ["--workdir", run_dir, "--input", str(src), "--beam", "3", "--nbest", "2", "--alignment", "json"],
+        ["--workdir", run_dir, "--input", str(src), "--beam", "3", "--nbest", "3", "--alignment", "json"],
         capsys,
     )
     assert status == 0, err
@@ -153,7 +171,7 @@ def test_json_alignment_and_nbest(run_dir, tmp_path, capsys):
         if not sentence:
             continue
         hyps = o["hypotheses"]
-        assert len(hyps) == 2 and hyps[0]["score"] >= hyps[1]["score"]
+        assert len(hyps) == 3 and hyps[0]["score"] >= hyps[1]["score"] >= hyps[2]["score"]
         assert o["translation"] == hyps[0]["translation"]
         for h in hyps:
             w = np.asarray(h["attention"])
