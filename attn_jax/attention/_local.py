@@ -4,8 +4,9 @@ Luong, Pham & Manning, "Effective Approaches to Attention-based Neural Machine T
 section 3.2. Two ways to choose ``p_t``:
 
 * local-m (monotonic): ``p_t = t`` (:func:`monotonic_centers`), plain softmax inside the window;
-* local-p (predictive): ``p_t = S · sigmoid(v_pᵀ tanh(W_p h_t))`` (:func:`predictive_centers`), and the
-  in-window weights are multiplied by a Gaussian ``exp(-(s - p_t)² / 2σ²)``, ``σ = D/2``.
+* local-p (predictive): ``p_t = (S_len - 1) · sigmoid(v_pᵀ tanh(W_p h_t))`` (:func:`predictive_centers`; see
+  "Centre range" below), and the in-window weights are multiplied by a Gaussian ``exp(-(s - p_t)² / 2σ²)``,
+  ``σ = D/2``.
 
 Conventions chosen here (the paper leaves them open for a 0-indexed, padded batch):
 

@@ -125,7 +125,8 @@ class LuongAttention(nnx.Module):
     """Luong, Pham & Manning (2015) global or local attention with a ``dot``/``general``/``concat``/``location`` score.
 
     ``local=None`` is global attention; ``"m"`` is local-m (centre p_t = t, window ``±window``); ``"p"`` is local-p
-    (predicted centre p_t = S·sigmoid(v_pᵀ tanh(W_p h_t)), Gaussian weighting with σ = window/2).
+    (predicted centre p_t = (S − 1)·sigmoid(v_pᵀ tanh(W_p h_t)) with S the true source length, 0-indexed; the
+    paper's S·sigmoid is for 1-indexed positions; Gaussian weighting with σ = window/2).
     The score is chosen once, here; the call path is a plain function per score.
     """
 
