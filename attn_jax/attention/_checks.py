@@ -7,6 +7,16 @@ from collections.abc import Sequence
 import jax.numpy as jnp
 import numpy as np
 
+# Why a float or integer mask is refused rather than read as a boolean one (where ``-inf`` and ``-1e9`` are
+# "truthy" and would mean "attend"), and what to use instead.
+NOT_BOOL_HINT = (
+    "a float or integer mask is not reinterpreted (an additive mask's -inf is nonzero, so it would read as "
+    "'attend'): convert a "
+    "PyTorch mask with attn_jax.from_torch_attn_mask ([..., T, S]: True, -inf or <= -1000 = blocked) or "
+    "attn_jax.from_torch_key_padding_mask ([..., S]: likewise for padding), and pass a float bias as bias= "
+    "to attn_jax.dot_product_attention"
+)
+
 
 def shape_str(x) -> str:
     """``[3, 5, 7]`` for an array (or a shape tuple)."""
@@ -49,8 +59,7 @@ def check_mask(mask, logits_shape: tuple[int, ...], what: str = "attention logit
         return
     if jnp.asarray(mask).dtype != jnp.bool_:
         raise ValueError(
-            f"mask must be boolean (True = may attend), got dtype {jnp.asarray(mask).dtype}; "
-            "for PyTorch-style masks (True = padding) use attn_jax.from_torch_key_padding_mask"
+            f"mask must be boolean (True = may attend), got dtype {jnp.asarray(mask).dtype}; {NOT_BOOL_HINT}"
         )
     try:
         out = tuple(np.broadcast_shapes(np.shape(mask), tuple(logits_shape)))
@@ -60,6 +69,17 @@ def check_mask(mask, logits_shape: tuple[int, ...], what: str = "attention logit
         raise ValueError(
             f"mask of shape {shape_str(np.shape(mask))} does not broadcast to the {what} of shape "
             f"{shape_str(tuple(logits_shape))}"
+        )
+
+
+def check_padding_mask(name: str, mask) -> None:
+    """Raise unless a ``[..., T]`` padding mask (True = real token) is boolean: a float one is not reinterpreted."""
+    dtype = jnp.asarray(mask).dtype
+    if dtype != jnp.bool_:
+        raise ValueError(
+            f"{name} must be boolean (True = real token), got dtype {dtype}; a float or integer mask is not "
+            f"reinterpreted: pass `{name} == 1` for a 1/0 mask, attn_jax.make_padding_mask(lengths, T), or "
+            "attn_jax.from_torch_key_padding_mask(kpm)[..., 0, :] for a PyTorch key_padding_mask"
         )
 
 

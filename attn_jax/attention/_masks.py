@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import functools
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
-from attn_jax.attention._checks import check_broadcastable, check_min_rank, shape_str
+from attn_jax.attention._checks import NOT_BOOL_HINT, check_broadcastable, check_min_rank, shape_str
 from attn_jax.typing import Array, ArrayLike, Bool, Float, Int
 
 
@@ -22,7 +23,8 @@ def _check_bool(name: str, x) -> None:
     dtype = jnp.asarray(x).dtype
     if dtype != jnp.bool_:
         raise ValueError(
-            f"{name} must be boolean (True = may attend), got dtype {dtype} (shape {shape_str(x)})"
+            f"{name} must be boolean (True = may attend), got dtype {dtype} (shape {shape_str(x)}); "
+            + NOT_BOOL_HINT
         )
 
 
@@ -193,14 +195,36 @@ def combine_masks(*masks: Bool[ArrayLike, "..."] | None) -> Bool[Array, "..."] |
     return functools.reduce(jnp.logical_and, [jnp.asarray(m) for _, m in present])
 
 
+# An additive float entry at or below this blocks its pair: exp(-1000) is 0 even in float64, so PyTorch gives the
+# pair weight 0 too. It covers -inf, finfo(dtype).min, -1e9 and the -1e4 / -10000 of BERT-style masks (which is
+# -9984 in bfloat16); a finite non-zero entry above it is a bias, not a mask.
+BLOCKED_AT_OR_BELOW = -1e3
+
+
 def _torch_to_ours(name: str, mask) -> Bool[Array, "..."]:
-    """PyTorch boolean (True = blocked) or additive float (-inf = blocked) mask -> ours (True = attend)."""
-    mask = jnp.asarray(mask)
-    if mask.dtype == jnp.bool_:
-        return jnp.logical_not(mask)
-    if jnp.issubdtype(mask.dtype, jnp.floating):
-        return jnp.isfinite(mask)
-    raise ValueError(f"{name} must be boolean or floating (additive), got dtype {mask.dtype}")
+    """PyTorch boolean (True = blocked) or additive float (0 = attend, <= -1000 = blocked) mask -> ours."""
+    dtype = jnp.asarray(mask).dtype
+    if dtype == jnp.bool_:
+        return jnp.logical_not(jnp.asarray(mask))
+    if not jnp.issubdtype(dtype, jnp.floating):
+        raise ValueError(f"{name} must be boolean or floating (additive), got dtype {dtype}")
+    try:
+        values = np.asarray(mask).astype(np.float64)
+    except (jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeError):
+        raise ValueError(
+            f"a float {name} is converted from its values, which are unknown inside jit/vmap/grad: convert it "
+            "once outside the transformation (a boolean one converts anywhere)"
+        ) from None
+    blocked = values <= BLOCKED_AT_OR_BELOW
+    bias = ~(blocked | (values == 0.0))  # also NaN and +inf
+    if bias.any():
+        example = values[bias].flat[0]
+        raise ValueError(
+            f"{name} {shape_str(values)} holds {int(bias.sum())} value(s) that are neither 0 (attend) nor <= "
+            f"{BLOCKED_AT_OR_BELOW:g} (blocked), e.g. {float(example):g}: that is an additive bias, not a mask; pass "
+            "it as bias= to attn_jax.dot_product_attention (with a boolean mask= for the blocked pairs)"
+        )
+    return jnp.asarray(~blocked)
 
 
 def from_torch_key_padding_mask(key_padding_mask: Bool[ArrayLike, "... S"]) -> Bool[Array, "... 1 S"]:
@@ -210,15 +234,16 @@ def from_torch_key_padding_mask(key_padding_mask: Bool[ArrayLike, "... S"]) -> B
 
     ``torch.nn.MultiheadAttention(..., key_padding_mask=kpm)`` takes ``kpm`` of shape ``[B, S]`` where **True
     marks a padded key to be ignored** — the opposite of this library, where True means "may attend". Passing
-    a PyTorch mask unconverted attends *only* to padding. A float ``key_padding_mask`` is additive in PyTorch
-    (``-inf`` = ignore); it is converted to ``isfinite`` — finite non-zero entries are biases a boolean cannot
-    carry, so pass those as ``bias=`` to :func:`dot_product_attention` instead.
+    a PyTorch mask unconverted attends *only* to padding. A float ``key_padding_mask`` is additive in PyTorch:
+    it converts by the rule of :func:`from_torch_attn_mask` (0 = keep, ``<= -1000`` including ``-inf`` and
+    ``-1e9`` = ignore, anything else is a bias and a ``ValueError``).
 
     Another difference: PyTorch's old fast path returned NaN for a query whose keys are all padding; here such
     a row gets zero weights and a zero context.
 
     Args:
-      key_padding_mask: PyTorch-convention ``[..., S]`` (bool: True = ignore; float: -inf = ignore).
+      key_padding_mask: PyTorch-convention ``[..., S]`` (bool: True = ignore; float: 0 = keep, <= -1000 =
+        ignore).
 
     Returns:
       boolean ``[..., 1, S]`` in this library's convention, broadcasting over queries (like
@@ -237,25 +262,33 @@ def from_torch_attn_mask(
     r"""Convert PyTorch ``nn.MultiheadAttention``'s ``attn_mask`` to ours (True = may attend).
 
     .. math:: m_{ij} = \neg\, \mathrm{attn\_mask}_{ij} \;\text{(bool)}, \qquad
-        m_{ij} = [\, \mathrm{attn\_mask}_{ij} > -\infty \,] \;\text{(float)}
+        m_{ij} = [\, \mathrm{attn\_mask}_{ij} = 0 \,] \;\text{(float)}
 
     In ``torch.nn.MultiheadAttention`` / ``nn.Transformer`` a **boolean** ``attn_mask`` has **True = not
-    allowed** (the opposite of ours), and a **float** ``attn_mask`` is added to the logits, ``-inf`` blocking
-    a pair. Floats convert to ``isfinite`` (finite -> True); finite non-zero entries are biases a boolean
-    cannot carry — pass them as ``bias=`` to :func:`dot_product_attention`.
+    allowed** (the opposite of ours), and a **float** ``attn_mask`` is added to the logits, a very negative
+    entry blocking a pair. The float rule: ``0`` -> may attend; ``<= -1000`` -> blocked (``-inf``,
+    ``finfo(dtype).min``, ``-1e9``, the ``-1e4`` of BERT-style masks: added to a logit, each makes that pair's
+    softmax weight underflow to exactly 0, even in float64); **anything else** (``-0.5``, ``-100``, positive,
+    NaN) is an additive bias a boolean cannot carry, and raises a ``ValueError`` that says to pass it as
+    ``bias=`` to :func:`dot_product_attention`. Float masks are converted from their values, so they must be
+    concrete (convert outside ``jit``); boolean ones convert anywhere.
 
     Beware: ``torch.nn.functional.scaled_dot_product_attention`` uses the *other* convention for boolean masks
     (True = take part in attention, like ours): do **not** convert those. PyTorch's 3-D ``attn_mask`` is
     ``[B·H, T, S]`` with batch and heads fused; reshape it to ``[B, H, T, S]`` before (or after) converting.
 
     Args:
-      attn_mask: PyTorch-convention ``[..., T, S]`` (bool: True = blocked; float: additive, -inf = blocked).
+      attn_mask: PyTorch-convention ``[..., T, S]`` (bool: True = blocked; float: additive, 0 = attend, <= -1000
+        = blocked).
 
     Returns:
       boolean ``[..., T, S]`` in this library's convention.
 
-    >>> from_torch_attn_mask(jnp.array([[0.0, -jnp.inf]])).astype(int)
-    Array([[1, 0]], dtype=int32)
+    Raises:
+      ValueError: a float mask with an entry that is neither 0 nor <= -1000, or a traced float mask.
+
+    >>> from_torch_attn_mask(jnp.array([[0.0, -jnp.inf, -1e9]])).astype(int)
+    Array([[1, 0, 0]], dtype=int32)
     """
     check_min_rank("attn_mask", attn_mask, 2)
     return _torch_to_ours("attn_mask", attn_mask)

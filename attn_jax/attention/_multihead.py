@@ -200,10 +200,12 @@ def multi_head_attention(
     the same weights. Projections accumulate in float32 and are stored in the compute dtype (the inputs'
     dtype; params are cast to it); logits and softmax are float32 (see :func:`dot_product_attention`).
 
-    Mask rank: with ``n = inputs_q.ndim`` (more exactly, the rank of the broadcast batch axes plus 2), a mask
-    of rank ``n`` is ``[..., T, S]`` with **no head axis** and is broadcast over heads; a mask of rank
-    ``n + 1`` is ``[..., H, T, S]`` (a head axis of size 1 or ``H``). Any other rank is a ``ValueError`` —
-    e.g. add a leading axis to a ``[T, S]`` causal mask used with batched ``[B, T, D]`` inputs.
+    Mask rank: with ``n`` the rank of the broadcast batch axes plus 2 (``inputs_q.ndim`` when the inputs share
+    their batch axes), a mask of rank ``2..n`` is ``[..., T, S]`` with **no head axis**: it is broadcast over
+    heads and, NumPy-style from the right, over any batch axes it lacks (a ``[T, S]`` causal mask, or a
+    ``[B, 1, S]`` padding mask with ``[E, B, T, D]`` inputs). A mask of rank ``n + 1`` is ``[..., H, T, S]``
+    (a head axis of size 1 or ``H``); a head axis is recognised at that rank only, so give a per-head mask
+    every batch axis (size 1 is fine). Rank 0, 1 or above ``n + 1`` is a ``ValueError``.
 
     Args:
       params: nested dict (see module docstring), e.g. from :func:`init_multi_head_params`.
@@ -247,12 +249,13 @@ def multi_head_attention(
     logits_shape = (*batch, h, np.shape(inputs_q)[-2], np.shape(inputs_kv)[-2])
     if mask is not None:
         n = len(batch) + 2
-        if np.ndim(mask) == n:
+        if 2 <= np.ndim(mask) <= n:
             mask = jnp.asarray(mask)[..., None, :, :]  # [..., 1, T, S]: same mask for every head
         elif np.ndim(mask) != n + 1:
             raise ValueError(
-                f"mask {shape_str(mask)} must have rank {n} ([..., T, S], broadcast over heads) or {n + 1} "
-                f"([..., H, T, S]) for inputs_q {shape_str(inputs_q)} and inputs_kv {shape_str(inputs_kv)}"
+                f"mask {shape_str(mask)} must have rank {n} ([..., T, S], broadcast over heads; fewer leading "
+                f"axes broadcast too, down to [T, S]) or {n + 1} ([..., H, T, S]) for inputs_q "
+                f"{shape_str(inputs_q)} and inputs_kv {shape_str(inputs_kv)}"
             )
         check_mask(mask, logits_shape, what="multi-head attention logits [..., H, T, S]")
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from attn_jax.attention._checks import check_mask
 from attn_jax.typing import Array, Bool, Float
 
 _FILL = jnp.finfo(jnp.float32).min
@@ -32,7 +33,9 @@ def masked_softmax(
 
     Args:
       logits: energies ``[..., T, S]``; any float dtype (computed in float32).
-      mask: boolean, broadcastable to ``logits``; True means "may attend". ``None`` attends everywhere.
+      mask: boolean, broadcastable to ``logits``; True means "may attend". ``None`` attends everywhere. A
+        float or integer mask is refused (``ValueError``), never read as boolean: convert additive or
+        PyTorch masks with :func:`attn_jax.from_torch_attn_mask`.
       axis: the axis normalised over. Attention normalises over the *source* axis (the last one); normalising
         over the target axis is the classic bug this library's tests are written to catch.
 
@@ -50,6 +53,7 @@ def masked_softmax(
     logits = jnp.asarray(logits, jnp.float32)
     if mask is None:
         return jax.nn.softmax(logits, axis=axis)
+    check_mask(mask, logits.shape, what="logits")
     mask = jnp.broadcast_to(mask, logits.shape)
     logits = jnp.where(mask, logits, _FILL)
     # Masked entries are already ~exp(min - max) = 0 in a row with any valid key; the where makes that exact and
@@ -73,7 +77,8 @@ def attend(
     """Normalise energies over the source axis and mix the values: ``(context, weights)``.
 
     The last step shared by every scorer (additive, Luong, dot-product): ``α = masked_softmax(e)``,
-    ``c = α v``. Weights are float32; the context has ``values``' dtype.
+    ``c = α v``. Weights are float32; the context has ``values``' dtype. ``mask`` is boolean (True = may
+    attend); a float or integer one is refused with a ``ValueError`` (see :func:`masked_softmax`).
     """
     weights = masked_softmax(logits, mask, axis=-1)
     return weighted_context(weights, values), weights
@@ -88,9 +93,11 @@ def assert_valid_attention_weights(
     trains, produces fluent output and is not attention: every row with at least one valid key sums to 1 over
     the last (source) axis within ``atol``, every masked key has weight exactly 0, and rows whose keys are all
     masked are all 0. Runs eagerly on concrete arrays (call it in tests and on validation batches, not under jit).
+    A non-boolean ``mask`` is a ``ValueError``, as everywhere in the library.
     """
     import numpy as np
 
+    check_mask(mask, np.shape(weights), what="weights")
     w = np.asarray(weights, np.float64)
     m = np.ones(w.shape, bool) if mask is None else np.broadcast_to(np.asarray(mask, bool), w.shape)
     if np.any(w[~m] != 0.0):

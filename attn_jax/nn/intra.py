@@ -59,7 +59,13 @@ import jax.numpy as jnp
 from flax import nnx
 
 from attn_jax.attention._additive import additive_scores
-from attn_jax.attention._checks import check_broadcastable, check_min_rank, check_size, shape_str
+from attn_jax.attention._checks import (
+    check_broadcastable,
+    check_min_rank,
+    check_padding_mask,
+    check_size,
+    shape_str,
+)
 from attn_jax.attention._masks import combine_masks, make_causal_mask
 from attn_jax.attention._softmax import attend
 from attn_jax.nn._params import unwrap, wrap
@@ -191,8 +197,7 @@ def intra_gru_scan(
     if tuple(jnp.shape(mask)) != batch + (steps,):
         want = shape_str(batch + (steps,))
         raise ValueError(f"mask {shape_str(mask)} must be [..., S] = {want} for x {shape_str(x)}")
-    if jnp.asarray(mask).dtype != jnp.bool_:
-        raise ValueError(f"mask must be boolean (True = real position), got dtype {jnp.asarray(mask).dtype}")
+    check_padding_mask("mask", mask)
     if h0 is not None:
         check_size("h0", h0, -1, n, "the GRU's state width n")
         if check_broadcastable(["h0", "x batch axes + [n]"], [jnp.shape(h0), batch + (n,)]) != batch + (n,):

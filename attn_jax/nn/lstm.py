@@ -40,7 +40,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from attn_jax.attention._checks import check_min_rank, check_size, shape_str
+from attn_jax.attention._checks import check_min_rank, check_padding_mask, check_size, shape_str
 from attn_jax.nn._params import unwrap, wrap
 from attn_jax.nn.recurrent import linear
 from attn_jax.typing import Array, Bool, Float, PRNGKeyArray
@@ -305,6 +305,7 @@ def lstm_scan(
     if jnp.shape(mask) != batch + (steps,):
         want = shape_str(batch + (steps,))
         raise ValueError(f"mask {shape_str(mask)} must be [..., T] = {want} for x_proj {shape_str(x_proj)}")
+    check_padding_mask("mask", mask)
     if state0 is None:
         state0 = zero_lstm_state(batch, n)
     state0 = LSTMState(*(jnp.broadcast_to(s, batch + (n,)).astype(jnp.float32) for s in state0))

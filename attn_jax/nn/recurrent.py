@@ -38,7 +38,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from attn_jax.attention._checks import check_min_rank, check_size, shape_str
+from attn_jax.attention._checks import check_min_rank, check_padding_mask, check_size, shape_str
 from attn_jax.nn._params import unwrap, wrap
 from attn_jax.typing import Array, Bool, Float, PRNGKeyArray
 
@@ -249,6 +249,7 @@ def gru_scan(
     if jnp.shape(mask) != batch + (steps,):
         want = shape_str(batch + (steps,))
         raise ValueError(f"mask {shape_str(mask)} must be [..., T] = {want} for x_proj {shape_str(x_proj)}")
+    check_padding_mask("mask", mask)
     h0 = (
         jnp.zeros(batch + (n,), jnp.float32)
         if h0 is None
