@@ -255,7 +255,8 @@ def evaluate_workdir(
       max_examples: evaluate at most this many pairs, spread evenly over the length buckets
         (:func:`select_examples`); None: all.
       out_dir: where to write (default ``workdir/eval/<split>``).
-      checkpoint: ``best`` (lowest validation loss), ``last`` or a step.
+      checkpoint: ``best`` (lowest validation loss; the latest when no kept checkpoint was evaluated, which
+        is logged and kept in ``checkpoint_note``), ``last`` or a step.
       batch_size: sentences per decoding / teacher-forcing batch.
       num_heatmaps: heatmaps of the longest sentences with at most ``heatmap_max_length`` source words.
       replace_unk: replace produced ``<unk>`` by the most-attended source word before scoring (off: the
@@ -265,7 +266,8 @@ def evaluate_workdir(
       log: a ``print``-like callable for progress (default: silent).
 
     Returns:
-      A dict: ``system``, ``workdir``, ``step``, ``split``, ``num_sentences``, ``bleu`` (overall score),
+      A dict: ``system``, ``workdir``, ``step``, ``checkpoint_note`` (None, or why another checkpoint than
+      the one asked for was used), ``split``, ``num_sentences``, ``bleu`` (overall score),
       ``signature``, ``bleu_by_length`` (:meth:`BleuByLength.to_dict`), ``no_unk`` and ``aer`` (dicts or None),
       ``options``, ``timings``, ``files`` (name -> path) and two objects for composing multi-system tables:
       ``bleu_by_length_result`` (:class:`attn_jax.eval.BleuByLength`) and ``system_scores``
@@ -281,6 +283,8 @@ def evaluate_workdir(
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
     loaded = load_model(workdir, checkpoint)
+    if loaded.note:  # never silent: the CLI logs to stderr, and the JSON and the report keep it
+        log(f"warning: {loaded.note}")
     system = name or _SYSTEM_NAMES.get(str(loaded.config.model.arch), str(loaded.config.model.arch))
     out_dir = os.fspath(out_dir) if out_dir is not None else os.path.join(os.fspath(workdir), "eval", split)
     os.makedirs(out_dir, exist_ok=True)
@@ -407,6 +411,7 @@ def evaluate_workdir(
         "system": system,
         "workdir": os.fspath(workdir),
         "step": loaded.step,
+        "checkpoint_note": loaded.note or None,
         "split": split,
         "corpus": corpus.name,
         "num_sentences": len(sources),
@@ -429,6 +434,7 @@ def evaluate_workdir(
     }
     md = [
         f"# {system} on {corpus.name} ({split}), checkpoint step {loaded.step}\n",
+        *([f"**Warning:** {loaded.note}.\n"] if loaded.note else []),
         f"Beam {beam_size}, α = {alpha}, β = {beta}; {len(sources)} sentences.\n",
         "## BLEU by source length\n",
         by_length_md,

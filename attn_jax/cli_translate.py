@@ -7,9 +7,12 @@
     attn-jax translate --workdir runs/X --alignment json                  # one JSON object per input line
 
 Input: one sentence per line (UTF-8, already tokenised as the training corpus: whitespace tokens); a blank line
-gives a blank translation (nothing is decoded), so output line ``k`` always belongs to input line ``k``. The
-checkpoint is the run's best one by validation loss (``--checkpoint best``, the default), the latest
-(``last``) or a given step; the vocabularies are the run's own (``workdir/vocab``).
+gives a blank translation (nothing is decoded), so output line ``k`` always belongs to input line ``k``. Lines
+end at ``\\n`` only, as in the corpus reader (``\\r\\n`` works too); any other line or paragraph separator inside a
+line (``\\r``, ``\\f``, ``\\v``, ``\\x1c``-``\\x1e``, ``\\x85``, U+2028, U+2029) is whitespace between tokens. The
+checkpoint is the run's best one by validation loss (``--checkpoint best``, the default; the latest, with a
+warning on stderr, when no kept checkpoint has been evaluated), the latest (``last``) or a given step; the
+vocabularies are the run's own (``workdir/vocab``).
 
 Output formats:
 
@@ -74,6 +77,7 @@ class LoadedModel(NamedTuple):
     config: Any  # ml_collections.ConfigDict of the run
     step: int
     workdir: str
+    note: str = ""  # one line when another checkpoint than the one asked for was loaded (print it)
 
 
 class Translation(NamedTuple):
@@ -121,6 +125,9 @@ def parse_checkpoint(value: str) -> str | int:
 def load_model(workdir: str | os.PathLike, checkpoint: str | int = "best") -> LoadedModel:
     """Restore the model of a training run: its checkpoint (``best``, ``last`` or a step), vocabularies, config.
 
+    ``best`` falls back to the latest finished checkpoint when none of the kept ones has validation metrics
+    (a run stopped before its first evaluation); :attr:`LoadedModel.note` then says so, for the caller to print.
+
     Raises:
       TranslateError: no such workdir, no (such) checkpoint, missing vocabularies or an unusable config.
     """
@@ -158,7 +165,7 @@ def load_model(workdir: str | os.PathLike, checkpoint: str | int = "best") -> Lo
         model = build_module(model_config(config, src_vocab.size, tgt_vocab.size), restored.state["params"])
     except (ValueError, KeyError, TypeError) as e:
         raise TranslateError(f"{workdir}: checkpoint {restored.step} does not fit its config: {e}") from None
-    return LoadedModel(model, src_vocab, tgt_vocab, config, int(restored.step), workdir)
+    return LoadedModel(model, src_vocab, tgt_vocab, config, int(restored.step), workdir, restored.note)
 
 
 # ----------------------------------------------------------------------------------------------- decoding
@@ -333,7 +340,13 @@ def add_translate_parser(subparsers) -> argparse.ArgumentParser:
         ),
     )
     p.add_argument("--workdir", required=True, metavar="DIR", help="the training run's directory")
-    p.add_argument("--input", default="-", metavar="FILE", help="source sentences, one a line ('-': stdin)")
+    p.add_argument(
+        "--input",
+        default="-",
+        metavar="FILE",
+        help="source sentences, one a line ('-': stdin); lines end at \\n only (a trailing \\r is dropped); "
+        "\\f, \\v, \\r, U+2028 and other separators inside a line are whitespace",
+    )
     p.add_argument("--output", default="-", metavar="FILE", help="where to write ('-': stdout)")
     p.add_argument(
         "--beam", type=int, default=12, metavar="K", help="beam size (default: %(default)s; 1: greedy)"
@@ -353,7 +366,8 @@ def add_translate_parser(subparsers) -> argparse.ArgumentParser:
         type=parse_checkpoint,
         default="best",
         metavar="best|last|STEP",
-        help="which checkpoint (default: %(default)s = lowest validation loss)",
+        help="which checkpoint (default: %(default)s = lowest validation loss; the latest, with a warning on "
+        "stderr, when no kept checkpoint has been evaluated)",
     )
     p.add_argument(
         "--replace-unk",
@@ -388,14 +402,31 @@ def _error(message: str, status: int = 1) -> int:
     return status
 
 
+def split_lines(text: str) -> list[str]:
+    """Input lines as the corpus reader sees them: split on ``\\n`` only, each stripped of surrounding whitespace.
+
+    A trailing ``\\r`` (CRLF files) goes with the stripping. Every other character Python counts as a line
+    break (``\\r``, ``\\v``, ``\\f``, ``\\x1c``-``\\x1e``, ``\\x85``, U+2028, U+2029) stays inside its line, where
+    it separates tokens like a space (tokenisation is ``str.split()``, as in training): so line ``k`` of the
+    output always belongs to line ``k`` of the input. A final ``\\n`` ends the last line; it does not start one.
+    """
+    if not text:
+        return []
+    if text.endswith("\n"):
+        text = text[:-1]
+    return [line.strip() for line in text.split("\n")]
+
+
 def _read_lines(path: str) -> list[str]:
-    """Lines of ``path`` (``-``: stdin), stripped, without a byte-order mark."""
+    """Lines of ``path`` (``-``: stdin) by :func:`split_lines`, without a byte-order mark."""
     try:
         if path == "-":
-            text = sys.stdin.read()
+            raw = getattr(sys.stdin, "buffer", None)  # bytes: no universal-newline translation of a lone \r
+            data = raw.read() if raw is not None else sys.stdin.read()
         else:
-            with open(path, encoding="utf-8") as f:
-                text = f.read()
+            with open(path, "rb") as f:
+                data = f.read()
+        text = data.decode("utf-8") if isinstance(data, bytes) else data
     except FileNotFoundError:
         raise TranslateError(f"{path}: no such file") from None
     except UnicodeDecodeError as e:
@@ -404,8 +435,7 @@ def _read_lines(path: str) -> list[str]:
         ) from None
     except OSError as e:
         raise TranslateError(f"{path}: {e.strerror or e}") from None
-    text = text.removeprefix("\ufeff")
-    lines = [line.strip() for line in text.splitlines()]
+    lines = split_lines(text.removeprefix("\ufeff"))
     if not any(lines):
         raise TranslateError(f"{'stdin' if path == '-' else path}: no sentences to translate (empty input)")
     return lines
@@ -436,7 +466,9 @@ def format_translations(
                 for h in hyps
             ],
         }
-        return [json.dumps(obj, ensure_ascii=False, allow_nan=False)]
+        # json leaves \x85, U+2028 and U+2029 raw; escape them so no line-splitting reader breaks the line.
+        line = json.dumps(obj, ensure_ascii=False, allow_nan=False)
+        return [line.replace("\x85", "\\u0085").replace("\u2028", "\\u2028").replace("\u2029", "\\u2029")]
     if not nbest:
         h = hyps[0] if hyps else Translation("", [], [], 0.0, 0.0, None, [])
         return [h.text if alignment is None else f"{h.text} ||| {h.alignment()}"]
@@ -464,6 +496,8 @@ def run_translate(args: argparse.Namespace) -> int:
     try:
         lines = _read_lines(args.input)
         loaded = load_model(args.workdir, args.checkpoint)
+        if loaded.note:
+            print(f"attn-jax translate: warning: {loaded.note}", file=sys.stderr)
         results = translate_sentences(
             loaded,
             lines,

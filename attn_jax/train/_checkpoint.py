@@ -35,12 +35,17 @@ _ITEMS = ("state", "data", "config")
 
 
 class Restored(NamedTuple):
-    """A restored checkpoint: the train state (or its raw pytree), the iterator state and the config dict."""
+    """A restored checkpoint: the train state (or its raw pytree), the iterator state and the config dict.
+
+    ``note`` is empty, or one line saying which checkpoint was restored instead of the one asked for (the
+    latest, when ``best`` was asked for and no kept checkpoint has validation metrics); callers print it.
+    """
 
     step: int
     state: Any
     data: dict
     config: dict
+    note: str = ""
 
 
 def _best_metric(metrics: dict) -> float:
@@ -93,7 +98,8 @@ class CheckpointManager:
         return self._manager.latest_step()
 
     def best_step(self) -> int | None:
-        """The step with the lowest validation NLL per token (the latest step when none was evaluated)."""
+        """The step with the lowest validation NLL per token; None when no kept checkpoint was evaluated
+        (:func:`load_checkpoint` then falls back to the latest and says so)."""
         return self._manager.best_step()
 
     def all_steps(self) -> list[int]:
@@ -158,6 +164,10 @@ def load_checkpoint(workdir: str | os.PathLike, step: int | None = None, *, best
     The state comes back as nested dicts of arrays (``state["params"]`` is the model's parameter dict, what
     ``attn_jax.train.build_module`` takes); ``config`` is the run's config as a dict.
 
+    ``best=True`` on a run where no kept checkpoint has validation metrics (stopped before its first
+    evaluation, or ``checkpoint_every < eval_every`` and killed) restores the latest finished checkpoint
+    instead, and says so in :attr:`Restored.note` (never silently).
+
     Raises:
       FileNotFoundError: ``workdir/checkpoints`` holds no finished checkpoint.
     """
@@ -166,11 +176,18 @@ def load_checkpoint(workdir: str | os.PathLike, step: int | None = None, *, best
         raise FileNotFoundError(f"{directory}: no checkpoints directory")
     manager = CheckpointManager(directory, async_save=False, read_only=True)
     try:
+        note = ""
         if step is None:
             step = manager.best_step() if best else manager.latest_step()
+            if step is None and best and manager.latest_step() is not None:
+                step = manager.latest_step()
+                note = (
+                    f"no kept checkpoint has validation metrics, so there is no best one: using the latest "
+                    f"finished checkpoint, step {step} (of {manager.all_steps()})"
+                )
         if step is None:
             raise FileNotFoundError(f"{directory}: no finished checkpoint")
-        restored = manager.restore(step)
+        restored = manager.restore(step)._replace(note=note)
     finally:
         manager.close()
     return restored
