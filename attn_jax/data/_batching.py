@@ -173,6 +173,15 @@ class BatchConfig:
         if self.num_epochs is not None and self.num_epochs < 1:
             raise ValueError(f"num_epochs must be >= 1 or None, got {self.num_epochs}")
 
+    def keeps(self, src_lengths, tgt_lengths) -> np.ndarray:
+        """bool ``[N]``: which pairs the length filter keeps, from their token counts (no specials)."""
+        keep = np.ones(len(src_lengths), bool)
+        if self.max_source_length is not None:
+            keep &= np.asarray(src_lengths) <= self.max_source_length
+        if self.max_target_length is not None:
+            keep &= np.asarray(tgt_lengths) <= self.max_target_length
+        return keep
+
 
 def _round_up(n: int, multiple: int) -> int:
     return -(-n // multiple) * multiple
@@ -199,11 +208,7 @@ class BatchPlan:
     def __init__(self, corpus: EncodedCorpus, config: BatchConfig) -> None:
         self.config = config
         src_len, tgt_len = corpus.src_lengths, corpus.tgt_lengths
-        keep = np.ones(len(corpus), bool)
-        if config.max_source_length is not None:
-            keep &= src_len <= config.max_source_length
-        if config.max_target_length is not None:
-            keep &= tgt_len <= config.max_target_length
+        keep = config.keeps(src_len, tgt_len)
         self.num_filtered = int((~keep).sum())
         if not keep.any():
             raise CorpusError(

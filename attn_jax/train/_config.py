@@ -433,6 +433,7 @@ def check_config(config: ml_collections.ConfigDict) -> None:
         "keep_checkpoints",
         "data.max_source_length",
         "data.max_target_length",
+        "data.eval_batch_size",  # batch_configs' message would say batch_size=0 (BatchConfig's own field)
         "data.src_vocab_size",
         "data.tgt_vocab_size",
     )

@@ -83,6 +83,8 @@ class Inputs(NamedTuple):
     train_pairs: int
     validation_pairs: int
     schedule: str = ""  # fingerprint of the global training schedule (corpus + batching), any process layout
+    train_dropped: int = 0  # pairs the length filter dropped (max_source_length / max_target_length)
+    validation_dropped: int = 0
 
 
 def make_inputs(
@@ -97,22 +99,34 @@ def make_inputs(
     """Read the corpus, build (or, with ``reuse_vocab``, reload) the vocabularies in ``vocab_dir``, and batch.
 
     The vocabularies are the paper's shortlists: the ``src_vocab_size`` / ``tgt_vocab_size`` most frequent
-    training words of each side (plus four specials). Validation batches carry gold alignments when the
-    corpus has them and the vocabularies are word-level (the built-in corpus). Training and validation batches
-    hold block ``process_index`` of ``process_count`` of every global batch's rows; only one process of a
-    multi-process run should ``save_vocab``.
+    words of each side (plus four specials) of the training pairs the length filter keeps — a dropped pair
+    never trains, so its words must not take shortlist places (or, without a shortlist, embedding rows).
+    :attr:`Inputs.train_dropped` / ``validation_dropped`` count the pairs the filter dropped (the trainer
+    logs them). Validation batches carry gold alignments when the corpus has them and the vocabularies are
+    word-level (the built-in corpus). Training and validation batches hold block ``process_index`` of
+    ``process_count`` of every global batch's rows; only one process of a multi-process run should
+    ``save_vocab``.
     """
     d = config.data
     train_corpus = load_corpus(d, d.train_split, d.max_train_examples)
     eval_corpus = load_corpus(d, d.eval_split, d.max_eval_examples)
+    train_cfg, eval_cfg = batch_configs(config)
     if reuse_vocab and os.path.isdir(vocab_dir):
         src_vocab, tgt_vocab = data.load_vocabularies(vocab_dir)
     else:
-        src_vocab = data.WordVocabulary.build(train_corpus.sources, max_size=d.src_vocab_size)
-        tgt_vocab = data.WordVocabulary.build(train_corpus.targets, max_size=d.tgt_vocab_size)
+        # Word vocabularies give one token per whitespace word: the batcher's filter, applied before encoding.
+        keep = train_cfg.keeps(
+            [len(s.split()) for s in train_corpus.sources], [len(t.split()) for t in train_corpus.targets]
+        )
+        kept = [i for i in range(len(train_corpus)) if keep[i]]
+        src_vocab = data.WordVocabulary.build(
+            [train_corpus.sources[i] for i in kept], max_size=d.src_vocab_size
+        )
+        tgt_vocab = data.WordVocabulary.build(
+            [train_corpus.targets[i] for i in kept], max_size=d.tgt_vocab_size
+        )
         if save_vocab:
             data.save_vocabularies(vocab_dir, src_vocab, tgt_vocab)
-    train_cfg, eval_cfg = batch_configs(config)
     train_encoded = data.encode_corpus(train_corpus, src_vocab, tgt_vocab)
     eval_encoded = data.encode_corpus(eval_corpus, src_vocab, tgt_vocab)
     shard = dict(process_index=process_index, process_count=process_count)
@@ -129,6 +143,8 @@ def make_inputs(
         train_pairs=len(train_corpus) - train_it.plan.num_filtered,
         validation_pairs=len(eval_corpus) - eval_it.plan.num_filtered,
         schedule=hashlib.sha256(schedule.encode()).hexdigest()[:16],
+        train_dropped=train_it.plan.num_filtered,
+        validation_dropped=eval_it.plan.num_filtered,
     )
 
 

@@ -512,8 +512,9 @@ def train_and_evaluate(
         logger.log(
             f"model: {m.arch} (attention: {_attention_label(m)}) with {param_count(m):,} parameters, vocabularies "
             f"{m.src_vocab:,} / {m.tgt_vocab:,}, compute {m.dtype}; data: {inputs.train_pairs:,} training pairs "
-            f"in {len(inputs.train.plan.shapes)} batch shapes {inputs.train.plan.shapes}, "
-            f"{inputs.validation_pairs:,} validation pairs; optimizer {step_cfg.optimizer.name}"
+            f"({inputs.train_dropped:,} longer ones dropped) in {len(inputs.train.plan.shapes)} batch shapes "
+            f"{inputs.train.plan.shapes}, {inputs.validation_pairs:,} validation pairs "
+            f"({inputs.validation_dropped:,} longer ones dropped); optimizer {step_cfg.optimizer.name}"
         )
         if place.description:
             logger.log(place.description)
