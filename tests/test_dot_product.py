@@ -15,12 +15,16 @@ from jax.test_util import check_grads
 from attn_jax.attention._dot_product import dot_product_attention, dot_product_scores
 from attn_jax.attention._softmax import assert_valid_attention_weights, masked_softmax
 from tests.reference.masks_dot import dot_attention_ref, dot_scores_ref
+from tests.tolerance import assert_close_f32
 
 # Odd, distinct sizes so that a swapped axis cannot pass: B=3, H=2, T=5, S=7, K=11, Kv=3.
 B, H, T, S, K, KV = 3, 2, 5, 7, 11, 3
 # float32 comparisons: rtol 1e-5 as the house rule; atol 1e-6 absorbs float32 rounding of entries near zero
 # (outputs here are O(1), float32 eps is 1.2e-7, and sums run over at most 11 terms).
 RTOL, ATOL = 1e-5, 1e-6
+# Two float32 programs (jit vs eager, padded vs truncated, ours vs jax.nn/Flax) are compared with
+# tests.tolerance.assert_close_f32 over the longest summation chain: logits over K, softmax and context over S.
+REDUCTION = K + 2 * S
 
 
 def _normal(rng, shape, scale=1.0, dtype=np.float32):
@@ -103,8 +107,8 @@ def test_value_batch_axes_may_widen(rng):
     ctx, w = dot_product_attention(q, k, v, _masks_with_a_valid_key(rng, (B, T, S)), return_weights=True)
     assert w.shape == (B, T, S)
     for b in range(B):
-        np.testing.assert_allclose(
-            ctx[b], dot_product_attention(q, k, v[b], jnp.asarray(w[b] > 0)), rtol=RTOL, atol=ATOL
+        assert_close_f32(
+            ctx[b], dot_product_attention(q, k, v[b], jnp.asarray(w[b] > 0)), reduction=REDUCTION
         )
 
 
@@ -122,8 +126,8 @@ def test_matches_jax_nn_and_flax(rng, masked):
     ours = dot_product_attention(q, k, v, mask)
     jax_nn = _to_bthk(jax.nn.dot_product_attention(_to_bthk(q), _to_bthk(k), _to_bthk(v), mask=mask))
     flax_ = _to_bthk(nnx.dot_product_attention(_to_bthk(q), _to_bthk(k), _to_bthk(v), mask=mask))
-    np.testing.assert_allclose(ours, jax_nn, rtol=RTOL, atol=ATOL)
-    np.testing.assert_allclose(ours, flax_, rtol=RTOL, atol=ATOL)
+    assert_close_f32(ours, jax_nn, reduction=REDUCTION)
+    assert_close_f32(ours, flax_, reduction=REDUCTION)
 
 
 def test_fully_masked_rows_peers_average_padding_we_give_zeros(rng):
@@ -146,9 +150,9 @@ def test_fully_masked_rows_peers_average_padding_we_give_zeros(rng):
     dead = ~mask.any(-1)  # [B, H, T]
     assert np.all(ours[dead] == 0.0)
     mean_v = np.broadcast_to(v.mean(-2, keepdims=True), ours.shape)
-    np.testing.assert_allclose(jax_nn[dead], mean_v[dead], rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(flax_[dead], mean_v[dead], rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(ours[~dead], jax_nn[~dead], rtol=RTOL, atol=ATOL)
+    assert_close_f32(jax_nn[dead], mean_v[dead], reduction=REDUCTION)
+    assert_close_f32(flax_[dead], mean_v[dead], reduction=REDUCTION)
+    assert_close_f32(ours[~dead], jax_nn[~dead], reduction=REDUCTION)
 
 
 # --- properties ---------------------------------------------------------------------------------------------
@@ -203,6 +207,7 @@ def test_invariant_to_content_of_padded_keys(case):
     v2 = np.where(valid[..., None], v, _normal(rng, v.shape, 1e4))
     c1, w1 = _attention(q, k, v, mask, return_weights=True)
     c2, w2 = _attention(q, k2, v2, mask, return_weights=True)
+    # The same compiled program, and padded keys contribute exact zeros: bitwise equal.
     np.testing.assert_array_equal(c1, c2)
     np.testing.assert_array_equal(w1, w2)
 
@@ -215,7 +220,7 @@ def test_padded_equals_truncated(valid_len, seed):
     mask = np.arange(S) < valid_len  # [S], broadcasts to [B, H, T, S]
     padded = _attention(q, k, v, mask)
     truncated = _attention(q, k[..., :valid_len, :], v[..., :valid_len, :])
-    np.testing.assert_allclose(padded, truncated, rtol=1e-6, atol=1e-7)
+    assert_close_f32(padded, truncated, reduction=REDUCTION)
 
 
 # --- transforms ---------------------------------------------------------------------------------------------
@@ -227,18 +232,15 @@ def test_jit_equals_eager_and_vmap_equals_loop(rng):
     f = functools.partial(dot_product_attention, return_weights=True)
     eager = f(q, k, v, mask)
     jitted = jax.jit(f)(q, k, v, mask)
-    for a, b in zip(eager, jitted, strict=True):
-        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+    assert_close_f32(eager, jitted, reduction=REDUCTION)
     # vmap over the batch axis, with the key/value shared across the batch in one variant
     batched = jax.vmap(f)(q, k, v, mask)
     shared = jax.vmap(f, in_axes=(0, None, None, 0))(q, k[0], v[0], mask)
     for i in range(B):
         loop = f(q[i], k[i], v[i], mask[i])
         loop_shared = f(q[i], k[0], v[0], mask[i])
-        for a, b in zip(batched, loop, strict=True):
-            np.testing.assert_allclose(a[i], b, rtol=1e-6, atol=1e-7)
-        for a, b in zip(shared, loop_shared, strict=True):
-            np.testing.assert_allclose(a[i], b, rtol=1e-6, atol=1e-7)
+        assert_close_f32(tuple(x[i] for x in batched), loop, reduction=REDUCTION)
+        assert_close_f32(tuple(x[i] for x in shared), loop_shared, reduction=REDUCTION)
 
 
 def test_check_grads(rng):

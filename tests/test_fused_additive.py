@@ -28,6 +28,7 @@ from attn_jax.attention._fused_additive import fused_additive_scores
 from attn_jax.attention._softmax import assert_valid_attention_weights
 from attn_jax.models import RNNConfig, RNNsearch, build_model
 from tests.reference.scorers import additive_energies_ref, additive_ref, rel_err
+from tests.tolerance import assert_close_f32
 
 # Odd, distinct sizes: a swapped axis changes a shape or a sum and fails.
 B, T, S, DQ, DK, DV, A = 3, 5, 7, 11, 13, 9, 15
@@ -37,6 +38,12 @@ CONFIGS = {
     "no_bias": dict(use_bias=False),
     "normed": dict(normalize=True),
 }
+# Longest float32 summation chains, the reduction lengths for comparing two float32 programs (fused vs naive,
+# blocked vs whole, scan vs all at once, jit vs eager): the kernel's db and dv sum B·T·S cells of sums over A;
+# the scorer adds the projections over Dq or Dk, the attention a softmax and a context over S and the |v| of
+# weight norm over A.
+KERNEL_REDUCTION = B * T * S + A
+REDUCTION = B * T * S + DK + 2 * A + 2 * S
 
 
 def _params(key, *, dq=DQ, dk=DK, a=A, scale=1.0, dtype=jnp.float32, **kw):
@@ -217,7 +224,7 @@ def test_kernel_matches_float64_reference_and_naive(case, block_size, rng):
     for name, g, g_naive, g_ref in zip("qkvb", grads, grads_naive, grads_ref, strict=True):
         assert g.shape == g_ref.shape, name
         assert rel_err(g, g_ref) < 1e-5, name
-        assert rel_err(g, g_naive) < 1e-5, name
+        assert_close_f32(g, g_naive, reduction=KERNEL_REDUCTION, err_msg=name)
 
 
 def test_kernel_blocks_equal_one_block(rng):
@@ -230,8 +237,7 @@ def test_kernel_blocks_equal_one_block(rng):
     whole = jax.jit(lambda *a: _kernel_vjp(*a, block_size=T))(q, k, v, b, cot)
     for block in (1, 3, 4):
         blocked = jax.jit(lambda *a, bs=block: _kernel_vjp(*a, block_size=bs))(q, k, v, b, cot)
-        for x, y in zip(jax.tree.leaves(blocked), jax.tree.leaves(whole), strict=True):
-            assert rel_err(x, y) < 1e-6, block
+        assert_close_f32(blocked, whole, reduction=KERNEL_REDUCTION, err_msg=f"block {block}")
 
 
 @settings(max_examples=6)
@@ -249,9 +255,7 @@ def test_kernel_property_fused_equals_naive(t, block_size, k_batch, seed):
     cot = rng.normal(size=(2, t, S)).astype(np.float32)
     got = jax.jit(lambda *a: _kernel_vjp(*a, block_size=block_size))(q, k, v, b, cot)
     want = jax.jit(lambda *a: _kernel_vjp(*a, fused=False))(q, k, v, b, cot)
-    for x, y in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
-        assert x.shape == y.shape
-        assert rel_err(x, y) < 1e-5
+    assert_close_f32(got, want, reduction=2 * t * S + A)
 
 
 # --- the scorer with parameters -------------------------------------------------------------------------------
@@ -283,8 +287,7 @@ def test_scores_match_float64_reference_in_value_and_gradient(config, key, rng):
         for name in grads_ref:
             assert rel_err(grads[name], grads_ref[name]) < 1e-5, name
         assert rel_err(dq, dq_ref) < 1e-5 and rel_err(dk, dk_ref) < 1e-5
-    for x, y in zip(jax.tree.leaves(fused), jax.tree.leaves(naive), strict=True):
-        assert rel_err(x, y) < 1e-5
+    assert_close_f32(fused, naive, reduction=REDUCTION)
 
 
 def _attention_vjp(params, q, k, v, mask, cot_ctx, cot_w, fused):
@@ -317,8 +320,7 @@ def test_masked_attention_fused_equals_naive_and_reference(config, key, rng):
     assert (
         np.all(np.asarray(dq)[2] == 0) and np.all(np.asarray(dk)[2] == 0) and np.all(np.asarray(dv)[2] == 0)
     )
-    for x, y in zip(jax.tree.leaves(fused), jax.tree.leaves(naive), strict=True):
-        assert rel_err(x, y) < 1e-5
+    assert_close_f32(fused, naive, reduction=REDUCTION)
 
 
 # --- inside a decoder scan, as RNNsearch runs it --------------------------------------------------------------
@@ -349,9 +351,8 @@ def test_scan_of_steps_gradients_fused_equal_naive(key, rng):
     fused = grad(True)(params, q, k, v, cot)
     naive = grad(False)(params, q, k, v, cot)
     assert sorted(fused[1][0]) == sorted(params)
-    for x, y in zip(jax.tree.leaves(fused), jax.tree.leaves(naive), strict=True):
-        assert np.all(np.isfinite(x))
-        assert rel_err(x, y) < 1e-5
+    assert all(np.all(np.isfinite(x)) for x in jax.tree.leaves(fused))
+    assert_close_f32(fused, naive, reduction=REDUCTION)
     # And the scan's gradient equals the all-at-once attention's (same loss, written without the scan).
     mask = _key_mask()[:, None, :]
 
@@ -360,8 +361,7 @@ def test_scan_of_steps_gradients_fused_equal_naive(key, rng):
         return jnp.sum(ctx * c) + jnp.sum(w * w)
 
     at_once = jax.jit(jax.value_and_grad(loss_all, argnums=(0, 1, 2, 3)))(params, q, k, v, cot)
-    for x, y in zip(jax.tree.leaves(fused), jax.tree.leaves(at_once), strict=True):
-        assert rel_err(x, y) < 1e-5
+    assert_close_f32(fused, at_once, reduction=REDUCTION)
 
 
 def _scan_residual_shapes(jaxpr):
@@ -474,9 +474,12 @@ def test_rnnsearch_uses_the_fused_scorer_by_default():
     assert tanh_residual not in _scan_residual_shapes(jaxpr_fused)
     leaves_fused, leaves_naive = jax.tree.leaves(g_fused), jax.tree.leaves(g_naive)
     assert len(leaves_fused) == len(leaves_naive)
-    for x, y in zip(leaves_fused, leaves_naive, strict=True):
-        assert np.all(np.isfinite(x))
-        assert rel_err(x, y) < 1e-5
+    assert all(np.all(np.isfinite(x)) for x in leaves_fused)
+    # Back through T decoder steps (each summing over hidden, align and S) and S encoder steps (hidden, embed).
+    n = RNN_SIZES["hidden"] + RNN_SIZES["align"] + S
+    assert_close_f32(
+        leaves_fused, leaves_naive, reduction=T * n + S * (RNN_SIZES["hidden"] + RNN_SIZES["embed"])
+    )
 
 
 # --- transformations ------------------------------------------------------------------------------------------
@@ -502,15 +505,13 @@ def test_jit_and_vmap(rng):
     cot = rng.normal(size=(B, T, S)).astype(np.float32)
     eager = _kernel_vjp(q, k, v, b, cot)
     jitted = jax.jit(_kernel_vjp)(q, k, v, b, cot)
-    for x, y in zip(jax.tree.leaves(jitted), jax.tree.leaves(eager), strict=True):
-        assert rel_err(x, y) < 1e-6
+    assert_close_f32(jitted, eager, reduction=KERNEL_REDUCTION)
     # vmap over the batch (v, b shared; their gradients come back per example) == a loop over sentences.
     vmapped = jax.jit(jax.vmap(_kernel_vjp, in_axes=(0, 0, None, None, 0)))(q, k, v, b, cot)
     one = jax.jit(_kernel_vjp)
     for i in range(B):
         single = one(q[i], k[i], v, b, cot[i])
-        for x, y in zip(jax.tree.leaves(vmapped), jax.tree.leaves(single), strict=True):
-            assert rel_err(x[i], y) < 1e-6
+        assert_close_f32(jax.tree.map(lambda x, i=i: x[i], vmapped), single, reduction=KERNEL_REDUCTION)
 
 
 def test_forward_mode_needs_the_naive_path(key, rng):
@@ -552,7 +553,9 @@ def test_low_precision_large_energies(dtype, key, rng):
     p64 = {n: np.asarray(x, np.float64) for n, x in params.items()}
     e_ref = additive_energies_ref(q, k, p64["w_q"], p64["w_k"], p64["v"], p64.get("b"), p64.get("g"))
     assert rel_err(e, e_ref) < 1e-5
-    assert np.max(np.abs(np.asarray(w) - np.asarray(w_naive))) < 1e-4  # energies ~50 in float32: |Δe| ~ 1e-5
+    # Two float32 programs, but the softmax amplifies their energy rounding by |e| ~ 50 (|Δe| ~ 1e-5 -> Δw of the
+    # same size, beyond the f32 helper's floor): an absolute bound of its own.
+    assert np.max(np.abs(np.asarray(w) - np.asarray(w_naive))) < 1e-4
     for x, y in zip(jax.tree.leaves(grads), jax.tree.leaves(grads_naive), strict=True):
         assert x.dtype == y.dtype == dtype
         assert np.all(np.isfinite(np.asarray(x, np.float32)))

@@ -106,7 +106,8 @@ def test_from_torch_key_padding_mask_inverts_convention(rng):
     np.testing.assert_array_equal(ours[:, 0], padding_mask_ref(lengths, 7))
     # float (additive) PyTorch mask: 0 = keep, -inf = ignore
     np.testing.assert_array_equal(from_torch_key_padding_mask(np.where(torch_kpm, -np.inf, 0.0)), ours)
-    # end to end: attention with the converted mask == attention with our own padding mask
+    # end to end: attention with the converted mask == attention with our own padding mask (equal masks of one
+    # shape: the same program on the same values, so bitwise)
     q, k, v = (jnp.asarray(rng.standard_normal(s), jnp.float32) for s in [(3, 5, 4), (3, 7, 4), (3, 7, 2)])
     np.testing.assert_array_equal(
         dot_product_attention(q, k, v, ours),

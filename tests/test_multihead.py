@@ -20,12 +20,17 @@ from attn_jax.attention._multihead import (
 )
 from attn_jax.attention._softmax import assert_valid_attention_weights
 from tests.reference.masks_dot import multi_head_ref
+from tests.tolerance import assert_close_f32
 
 # Odd, distinct sizes: B=2, T=5, S=7, Dq=11, Dk=9, H=3, K=4 (qkv_features=12), Do=13.
 B, T, S, DQ, DK, H, K, DO = 2, 5, 7, 11, 9, 3, 4, 13
 # float32 vs float64: rtol 1e-5 (house rule); atol 1e-5 absorbs float32 rounding in the three projections,
 # whose sums run over up to 12 O(1) terms (eps 1.2e-7 x 12 x a few = ~1e-5 near-zero entries).
 RTOL, ATOL = 1e-5, 1e-5
+# Two float32 programs (jit vs eager, padded vs truncated, ours vs Flax) are compared with
+# tests.tolerance.assert_close_f32 over the longest summation chain: the input projection over Dq, logits over K,
+# softmax and context over S, the output projection over H·K.
+REDUCTION = DQ + K + 2 * S + H * K
 
 
 def _params(seed=0, *, use_bias=True, cross=True, dtype=jnp.float32):
@@ -97,7 +102,7 @@ def test_self_attention_and_no_bias_match_reference(key, rng):
     assert "bias" not in p["query"] and "bias" not in p["out"]
     x = _normal(rng, (B, T, DQ))
     np.testing.assert_allclose(_mha(p, x), multi_head_ref(p, x)[0], rtol=RTOL, atol=ATOL)
-    np.testing.assert_allclose(_mha(p, x, x), _mha(p, x), rtol=1e-6, atol=1e-7)
+    assert_close_f32(_mha(p, x, x), _mha(p, x), reduction=REDUCTION)  # two traces: keys given or defaulted
     np.testing.assert_allclose(
         _mha(p, x, scale=0.3), multi_head_ref(p, x, scale=0.3)[0], rtol=RTOL, atol=ATOL
     )
@@ -119,7 +124,7 @@ def test_matches_flax_nnx(key, rng, cross, use_bias, mask_kind):
     flax_mask = None if mask is None else (mask if mask.ndim == 4 else mask[:, None])
     call = nnx.jit(lambda m, xq, xkv, mask: m(xq, xkv, mask=mask))  # one compilation, not one per op
     theirs = call(_flax_mha(p, cross=cross, use_bias=use_bias), xq, xkv if cross else None, flax_mask)
-    np.testing.assert_allclose(ours, theirs, rtol=RTOL, atol=ATOL)
+    assert_close_f32(ours, theirs, reduction=REDUCTION)
 
 
 def test_init(key):
@@ -215,10 +220,11 @@ def test_property_padding_content_and_truncation(lengths, seed):
     mask = np.broadcast_to(valid[:, None, :], (B, T, S))
     xkv2 = np.where(valid[..., None], xkv, _normal(rng, xkv.shape, 1e3))
     out = _mha(p, xq, xkv, mask)
+    # The same compiled program, and padded keys contribute exact zeros: bitwise equal.
     np.testing.assert_array_equal(out, _mha(p, xq, xkv2, mask))
     for b, n in enumerate(lengths):
-        truncated = _mha(p, xq[b], xkv[b, :n])
-        np.testing.assert_allclose(out[b], truncated, rtol=1e-5, atol=1e-6)
+        truncated = _mha(p, xq[b], xkv[b, :n])  # another program
+        assert_close_f32(out[b], truncated, reduction=REDUCTION)
 
 
 # --- transforms ---------------------------------------------------------------------------------------------
@@ -229,12 +235,11 @@ def test_jit_equals_eager_and_vmap_equals_loop(key, rng):
     xq, xkv = _normal(rng, (B, T, DQ)), _normal(rng, (B, S, DK))
     mask = rng.random((B, H, T, S)) < 0.7
     f = functools.partial(multi_head_attention, return_weights=True)
-    for a, b in zip(f(p, xq, xkv, mask), _mha(p, xq, xkv, mask, return_weights=True), strict=True):
-        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
+    assert_close_f32(f(p, xq, xkv, mask), _mha(p, xq, xkv, mask, return_weights=True), reduction=REDUCTION)
     batched = jax.jit(jax.vmap(f, in_axes=(None, 0, 0, 0)))(p, xq, xkv, mask)
     for i in range(B):
-        for a, b in zip(batched, _mha(p, xq[i], xkv[i], mask[i], return_weights=True), strict=True):
-            np.testing.assert_allclose(a[i], b, rtol=1e-6, atol=1e-6)
+        one = _mha(p, xq[i], xkv[i], mask[i], return_weights=True)
+        assert_close_f32(tuple(x[i] for x in batched), one, reduction=REDUCTION)
 
 
 def test_check_grads(rng):

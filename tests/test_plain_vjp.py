@@ -19,9 +19,13 @@ from jax.test_util import check_grads
 from attn_jax.attention import dot_product_attention
 from tests.reference.chunked import attention_grads_ref
 from tests.reference.masks_dot import causal_mask_ref, dot_attention_ref
+from tests.tolerance import assert_close_f32
 
 # Odd, distinct sizes so that a swapped axis cannot pass: B=3, H=2, T=5, S=7, K=11, Kv=3.
 B, H, T, S, K, KV = 3, 2, 5, 7, 11, 3
+# Longest float32 summation chain through forward and backward (logits over K, softmax and context over S, dP over
+# Kv, dq/dk over S): the reduction length for comparing two float32 programs.
+REDUCTION = K + 3 * S + KV
 
 
 def _normal(rng, shape, scale=1.0):
@@ -116,8 +120,8 @@ def test_matches_autodiff_and_float64_reference(rng, name):
     out, grads = jax.jit(_vjp(fast))(q, k, v, mask, bias, g)
     out_ad, grads_ad = jax.jit(_vjp(slow))(q, k, v, mask, bias, g)
 
-    # The forward is the same code: equal to float32 rounding (different fusion under jit at most).
-    np.testing.assert_allclose(out, out_ad, rtol=1e-6, atol=1e-7)
+    # The forward is the same code, fused differently under jit: float32 rounding apart.
+    assert_close_f32(out, out_ad, reduction=REDUCTION)
     out_ref, _ = dot_attention_ref(q, k, v, _effective_mask(mask, causal), bias, scale)
     assert out.dtype == jnp.float32 and _rel_err(out, out_ref) < 1e-5
 
@@ -129,7 +133,7 @@ def test_matches_autodiff_and_float64_reference(rng, name):
         assert a.shape == ref.shape and a.dtype == jnp.float32, what
         # float32 sums of <= 11 O(1) terms and the (dP − D) cancellation: ~1e-7 relative to the largest entry;
         # the two float32 paths differ only in how D is summed (over Kv = 3 instead of S = 7 products).
-        assert _rel_err(a, a_ad) < 1e-5, f"{what}: custom vs autodiff"
+        assert_close_f32(a, a_ad, reduction=REDUCTION, err_msg=f"{what}: custom vs autodiff")
         assert _rel_err(a_ad, ref) < 1e-5, f"{what}: autodiff vs float64 (is the reference right?)"
         assert _rel_err(a, ref) < 1e-5, f"{what}: custom vs float64"
 
@@ -176,10 +180,8 @@ def test_property_random_masks_match_autodiff(seed, density):
     mask = rng.random((B, H, T, S)) < density  # may mask whole rows
     out, grads = _jit_fast_vjp(q, k, v, mask, bias, g)
     out_ad, grads_ad = _jit_autodiff_vjp(q, k, v, mask, bias, g)
-    np.testing.assert_allclose(out, out_ad, rtol=1e-6, atol=1e-7)
-    for a, b in zip(grads, grads_ad, strict=True):
-        # atol: a fully masked mask gives all-zero gradients, where a relative error is undefined
-        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    # A fully masked mask gives all-zero gradients on both paths: the helper then demands exact zeros.
+    assert_close_f32((out, grads), (out_ad, grads_ad), reduction=REDUCTION)
 
 
 _jit_fast_vjp = jax.jit(_vjp(_fast))
@@ -193,8 +195,7 @@ def test_jit_equals_eager_and_vmap_equals_loop(rng):
     (q, k, v, mask, bias, g), _, _ = _case(rng, "padding")  # bias [B, 1, T, S], mask [B, 1, 1, S]
     eager = _vjp(_fast)(q, k, v, mask, bias, g)
     jitted = _jit_fast_vjp(q, k, v, mask, bias, g)
-    for a, b in zip(jax.tree.leaves(eager), jax.tree.leaves(jitted), strict=True):
-        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+    assert_close_f32(eager, jitted, reduction=REDUCTION)
 
     # vmap over the batch axis; the per-batch bias and mask are mapped, a shared bias [1, T, S] is not
     per_example = jax.jit(jax.vmap(_vjp(_fast)))(q, k, v, mask, bias, g)
@@ -202,10 +203,8 @@ def test_jit_equals_eager_and_vmap_equals_loop(rng):
     for i in range(B):  # bias[i] and bias[0] are both [1, T, S]: one compiled shape
         loop = _jit_fast_vjp(q[i], k[i], v[i], mask[i], bias[i], g[i])
         loop_shared = _jit_fast_vjp(q[i], k[i], v[i], mask[i], bias[0], g[i])
-        for a, b in zip(jax.tree.leaves(per_example), jax.tree.leaves(loop), strict=True):
-            np.testing.assert_allclose(a[i], b, rtol=1e-6, atol=1e-7)
-        for a, b in zip(jax.tree.leaves(shared), jax.tree.leaves(loop_shared), strict=True):
-            np.testing.assert_allclose(a[i], b, rtol=1e-6, atol=1e-7)
+        assert_close_f32(jax.tree.map(lambda a, i=i: a[i], per_example), loop, reduction=REDUCTION)
+        assert_close_f32(jax.tree.map(lambda a, i=i: a[i], shared), loop_shared, reduction=REDUCTION)
 
 
 def test_check_grads(rng):
@@ -239,9 +238,7 @@ def test_forward_mode_matches_autodiff(rng):
         return both(_fast), both(_autodiff)
 
     ((primal, tangent), t_v), ((primal_ad, tangent_ad), t_v_ad) = jvps(q, k, v, bias, tangents)
-    np.testing.assert_allclose(primal, primal_ad, rtol=1e-6, atol=1e-7)
-    assert _rel_err(tangent, tangent_ad) < 1e-5
-    assert _rel_err(t_v, t_v_ad) < 1e-5
+    assert_close_f32((primal, tangent, t_v), (primal_ad, tangent_ad, t_v_ad), reduction=REDUCTION)
 
 
 # --- dispatch --------------------------------------------------------------------------------------------------
@@ -266,7 +263,7 @@ def test_fallbacks_still_work_and_match(rng):
     ctx, w = jax.jit(dot_product_attention, static_argnames="return_weights")(
         q, k, v, mask, bias=bias, return_weights=True
     )
-    np.testing.assert_allclose(ctx, jax.jit(_fast)(q, k, v, mask, bias), rtol=1e-6, atol=1e-7)
+    assert_close_f32(ctx, jax.jit(_fast)(q, k, v, mask, bias), reduction=REDUCTION)
     assert w.shape == (B, H, T, S)
 
     # a key/value shared by the heads ([B, 1, S, K]): batch axes differ, so autodiff; check against float64
@@ -286,7 +283,8 @@ def test_fallbacks_still_work_and_match(rng):
     assert not _goes_through_custom_rule(scaled, 0.5)
     scaled = jax.jit(scaled)
     fixed = jax.jit(functools.partial(_fast, scale=0.5))
-    np.testing.assert_allclose(scaled(0.5), fixed(q, k, v, mask, bias), rtol=1e-6, atol=1e-7)
+    # Traced vs static scale: two programs (on AVX-512 an entry of 0.009 moves by 2.5e-7, elementwise 1.2e-5).
+    assert_close_f32(scaled(0.5), fixed(q, k, v, mask, bias), reduction=REDUCTION)
     d_scale = jax.jit(jax.grad(lambda s: jnp.sum(scaled(s) * g)))(0.5)
     eps = 1e-2  # central difference in float32: truncation ~eps² = 1e-4, rounding ~1e-7/1e-2 = 1e-5
     numeric = (jnp.sum(scaled(0.5 + eps) * g) - jnp.sum(scaled(0.5 - eps) * g)) / (2 * eps)
