@@ -15,6 +15,7 @@ MODULES = [
     "attn_jax.attention._luong",
     "attn_jax.attention._local",
     "attn_jax.attention._chunked",
+    "attn_jax.attention._padding",
     "attn_jax.attention._fused_additive",
     "attn_jax.models.interface",
     "attn_jax.models.transformer",

@@ -46,6 +46,7 @@ from attn_jax.attention._multihead import (
     multi_head_attention,
     split_heads,
 )
+from attn_jax.attention._padding import zero_masked_keys, zero_masked_queries
 from attn_jax.attention._positional import (
     init_learned_positions,
     learned_positions,
@@ -98,6 +99,9 @@ __all__ = [
     "make_causal_mask",
     "make_padding_mask",
     "padding_mask_from_tokens",
+    # padding that cannot leak
+    "zero_masked_keys",
+    "zero_masked_queries",
     # positions
     "init_learned_positions",
     "learned_positions",

@@ -36,6 +36,7 @@ from attn_jax.attention._checks import (
     shape_str,
 )
 from attn_jax.attention._fused_additive import fused_additive_scores
+from attn_jax.attention._padding import zero_masked_keys, zero_masked_queries
 from attn_jax.attention._softmax import attend
 from attn_jax.typing import Array, Bool, Float, PRNGKeyArray
 
@@ -255,7 +256,10 @@ def additive_attention(
         \alpha_{ij} = \frac{\exp e_{ij}}{\sum_k \exp e_{ik}}, \quad c_i = \sum_j \alpha_{ij} h_j
 
     Bahdanau, Cho & Bengio 2015 (ICLR), section 3.1 and appendix A.1.2. Masked keys get weight exactly 0 and a
-    row with no valid key gives zero weights and a zero context (see ``_softmax.py``).
+    row with no valid key gives zero weights and a zero context (see ``_softmax.py``). Rows of ``query``,
+    ``keys``/``projected_keys`` and ``values`` that the mask never reads (padding) are zeroed first
+    (:func:`zero_masked_keys`), so a NaN or ±inf there changes no result and no gradient; ``projected_keys``
+    computed elsewhere from such keys carry the NaN into ``w_k``'s gradient, so project clean (or zeroed) keys.
 
     Args:
       params: from :func:`init_additive_params`.
@@ -277,11 +281,13 @@ def additive_attention(
     ((5, 6), (5, 7), True)
     """
     _alignment_dim(params)
+    given_projection = projected_keys is not None
     if projected_keys is None:
         if keys is None:
             raise ValueError("additive_attention needs keys [..., S, Dk] (or projected_keys and values)")
         _check_keys(params, keys)
-        projected_keys = project_keys(params, keys)
+        # Unread (padded) keys may hold anything: zero them before W_k, whose gradient would multiply a NaN there
+        projected_keys = project_keys(params, zero_masked_keys(keys, mask))
     else:
         check_min_rank("projected_keys", projected_keys, 2)
         if keys is not None:
@@ -306,6 +312,12 @@ def additive_attention(
         ["attention logits", "values batch axes"], [logits_shape[:-2], jnp.shape(values)[:-2]]
     )
     check_mask(mask, logits_shape)
+    # Rows the mask never reads (padding) are zeroed before any arithmetic (see zero_masked_keys): NaN or ±inf
+    # there reaches neither the context nor a gradient. Keys given as projected_keys are zeroed here.
+    query = zero_masked_queries(query, mask)
+    if given_projection:
+        projected_keys = zero_masked_keys(projected_keys, mask)
+    values = zero_masked_keys(values, mask)
     scores = additive_scores(params, query, projected_keys, fused=fused)
     context, weights = attend(scores, values, mask)
     return (context, weights) if return_weights else context

@@ -16,7 +16,8 @@ Memory is ``O(T·K + S·K + block_q·block_k)`` per batch element. Numerics foll
 the softmax in float32, masked logits filled with ``finfo(float32).min``, masked keys weigh exactly 0, a query
 whose keys are all masked gets a zero context and zero gradients, and the context is returned in the value's
 dtype. The blocked softmax cannot reuse :func:`masked_softmax` (it never sees a whole row), so it applies
-the same policy itself.
+the same policy itself. Rows that no pair reads (padding) are zeroed before the kernel (``_padding.py``), so
+NaN or ±inf stored there reaches neither the context nor any gradient.
 
 Causal attention skips the key blocks that lie entirely in a query block's future for real: the loops run
 over a *dynamic* range of block indices (``lax.fori_loop`` with a traced bound, i.e. a ``while`` loop), so
@@ -42,6 +43,7 @@ from attn_jax.attention._checks import (
     check_min_rank,
     shape_str,
 )
+from attn_jax.attention._padding import zero_dead_inputs
 from attn_jax.attention._softmax import _FILL
 from attn_jax.typing import Array, Bool, Float
 
@@ -373,6 +375,28 @@ def chunked_dot_product_attention(
     Array([0. , 0.5, 1. , 1.5], dtype=float32)
     """
     logits_shape = _check_inputs(query, key, value, mask, bias)
+    q_chunk = _check_chunk("query_chunk", query_chunk)
+    kv_chunk = _check_chunk("key_chunk", key_chunk)
+    # Rows no pair reads (padding) may hold anything, NaN included: zero them before any product.
+    query, key, value = zero_dead_inputs(query, key, value, mask, bias, logits_shape, causal=bool(causal))
+    return _chunked_attention(
+        logits_shape,
+        query,
+        key,
+        value,
+        mask,
+        bias,
+        causal=causal,
+        scale=scale,
+        query_chunk=q_chunk,
+        key_chunk=kv_chunk,
+    )
+
+
+def _chunked_attention(
+    logits_shape, query, key, value, mask, bias, *, causal, scale, query_chunk=512, key_chunk=512
+):
+    """:func:`chunked_dot_product_attention` on checked operands whose unread rows are already zero."""
     q_chunk = _check_chunk("query_chunk", query_chunk)
     kv_chunk = _check_chunk("key_chunk", key_chunk)
     scale = _static_scale(scale, np.shape(query)[-1])

@@ -22,8 +22,9 @@ from attn_jax.attention._checks import (
     check_min_rank,
     shape_str,
 )
-from attn_jax.attention._chunked import _check_inputs, chunked_dot_product_attention
+from attn_jax.attention._chunked import _check_inputs, _chunked_attention
 from attn_jax.attention._masks import make_causal_mask
+from attn_jax.attention._padding import allowed_pairs, zero_dead_inputs
 from attn_jax.attention._softmax import attend, masked_softmax
 from attn_jax.typing import Array, Bool, Float
 
@@ -108,6 +109,12 @@ def dot_product_attention(
     ``flax.nnx.dot_product_attention`` instead return the uniform average of *all* values for such a row.)
     Heads are a leading batch axis: ``[B, H, T, K]``.
 
+    Padded content cannot leak: on every implementation, the query, key and value rows that no pair reads (a
+    key masked for every query, a query masked from every key) are zeroed before any product, so a NaN or ±inf
+    stored there changes no output and no gradient, whose entries for those rows are exactly 0 (``jax.nn``
+    and PyTorch return NaN there). A bias entry of ``-inf`` forbids its pair exactly like a masked entry: a row
+    of them gets a zero context and zero, finite gradients on every implementation.
+
     Three implementations compute the same function:
 
     * ``"xla"`` — the plain path: the ``[..., T, S]`` logits and weights in float32; the reference the others
@@ -165,15 +172,21 @@ def dot_product_attention(
         raise ValueError(
             f"return_weights=True needs implementation='xla'; {implementation!r} never forms the weights"
         )
-    if implementation == "chunked":
-        return chunked_dot_product_attention(query, key, value, mask, bias=bias, causal=causal, scale=scale)
     if implementation == "cudnn":
         reason = _cudnn_unsupported(query, key, value, bias, logits_shape)
         if reason is not None:
             raise ValueError(f"implementation='cudnn' does not apply: {reason}")
+    # Rows no pair reads (padding) may hold anything, NaN included: zero them before any product, on every path.
+    query, key, value = zero_dead_inputs(query, key, value, mask, bias, logits_shape, causal=causal)
+    if implementation == "chunked":
+        return _chunked_attention(logits_shape, query, key, value, mask, bias, causal=causal, scale=scale)
+    if implementation == "cudnn":
         return _cudnn_attention(query, key, value, mask, bias, logits_shape, scale=scale, causal=causal)
 
     # The plain XLA path: every other implementation must match this one, which stays the reference.
+    if bias is not None:
+        # a -inf bias entry forbids its pair like a masked entry (a row of them gets zeros, as "chunked" gives)
+        mask = allowed_pairs(mask, bias)
     if causal:
         causal_mask = make_causal_mask(logits_shape[-2], logits_shape[-1])
         mask = causal_mask if mask is None else jnp.logical_and(mask, causal_mask)
@@ -320,6 +333,12 @@ def _cudnn_attention(query, key, value, mask, bias, logits_shape, *, scale, caus
         return jnp.broadcast_to(x, logits_shape).reshape(n, 1, t, s)
 
     dtype = jnp.asarray(query).dtype
+    allowed = allowed_pairs(mask, bias)
+    if bias is not None:
+        # a row of -inf would give NaN (exp(-inf - -inf)); jax.nn's own fill for masked pairs instead, and such
+        # rows are zeroed below like fully masked ones
+        bias = jnp.asarray(bias)
+        bias = jnp.where(bias == -jnp.inf, float(-0.7 * jnp.finfo(dtype).max), bias)
     out = jax.nn.dot_product_attention(
         heads_last(query, t),
         heads_last(key, s),
@@ -330,8 +349,8 @@ def _cudnn_attention(query, key, value, mask, bias, logits_shape, *, scale, caus
         is_causal=causal,
         implementation="cudnn",
     ).reshape(batch + (t, width))
-    if mask is not None:  # cuDNN averages all values for a query with no valid key; this library gives 0
-        live = jnp.asarray(mask)
+    if allowed is not None:  # cuDNN averages all values for a query with no valid key; this library gives 0
+        live = allowed
         if causal:
             live = jnp.logical_and(live, make_causal_mask(t, s))
         live = jnp.broadcast_to(live, logits_shape).any(-1)

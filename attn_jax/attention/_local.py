@@ -37,6 +37,7 @@ import jax.numpy as jnp
 
 from attn_jax.attention._additive import _positive_int
 from attn_jax.attention._checks import check_broadcastable, check_mask, check_min_rank, shape_str
+from attn_jax.attention._padding import live_rows, zero_rows
 from attn_jax.attention._softmax import masked_softmax, weighted_context
 from attn_jax.typing import Array, Bool, Float, Int, PRNGKeyArray
 
@@ -192,6 +193,8 @@ def local_attention(
     Luong, Pham & Manning 2015, section 3.2. local-m is ``gaussian=False`` with :func:`monotonic_centers`;
     local-p is ``gaussian=True`` with :func:`predictive_centers`. The Gaussian multiplies the *normalised*
     weights, so with ``gaussian=True`` rows do not sum to 1, and gradients reach ``p_t`` only through it.
+    Value rows outside every window or masked for every query (padding) are zeroed first, so NaN or ±inf
+    there changes nothing (keys: see :func:`luong_attention`).
 
     Args:
       scores: energies ``[..., T, S]`` from any Luong/additive scorer.
@@ -238,7 +241,10 @@ def local_attention(
     check_mask(mask, scores_shape)
 
     in_window = local_window_mask(centers, scores_shape[-1], window=d)  # [..., T, S]
-    weights = masked_softmax(scores, in_window if mask is None else in_window & mask)
+    attended = in_window if mask is None else in_window & mask
+    weights = masked_softmax(scores, attended)
+    # values outside every window and mask may hold anything (padding): 0 · NaN would reach the context
+    values = zero_rows(values, live_rows(attended, jnp.shape(values), -1))
     if gaussian:
         sigma = d / 2
         offset = (

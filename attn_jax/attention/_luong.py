@@ -20,6 +20,7 @@ import jax.numpy as jnp
 
 from attn_jax.attention._additive import _positive_int, additive_scores, project_keys
 from attn_jax.attention._checks import check_broadcastable, check_mask, check_min_rank, shape_str
+from attn_jax.attention._padding import zero_masked_keys
 from attn_jax.attention._softmax import attend
 from attn_jax.typing import Array, Bool, Float, PRNGKeyArray
 
@@ -224,7 +225,10 @@ def luong_attention(
     .. math:: a_t(s) = \frac{\exp e_{ts}}{\sum_{s'} \exp e_{ts'}}, \qquad c_t = \sum_s a_t(s)\, \bar h_s
 
     Luong et al. 2015, section 3.1. The same normalisation as every other scorer (``attend``): masked
-    keys get exactly 0, fully masked rows give zero weights and context.
+    keys get exactly 0, fully masked rows give zero weights and context. Value rows that the mask never reads
+    (padding) are zeroed first, so NaN or ±inf there changes nothing. The scorers take no mask: pass them
+    keys (and queries) cleaned by :func:`zero_masked_keys` (:func:`zero_masked_queries`) if their padding may
+    hold NaN or ±inf, or the gradients are NaN (``LuongAttention`` does this).
 
     Args:
       scores: energies ``[..., T, S]`` from :func:`dot_scores`, :func:`general_scores`, :func:`concat_scores`
@@ -252,5 +256,6 @@ def luong_attention(
         ["scores batch axes", "values batch axes"], [jnp.shape(scores)[:-2], jnp.shape(values)[:-2]]
     )
     check_mask(mask, tuple(jnp.shape(scores)))
-    context, weights = attend(scores, values, mask)
+    # unread (padded) values may hold anything: 0 · NaN would otherwise reach the context
+    context, weights = attend(scores, zero_masked_keys(values, mask), mask)
     return (context, weights) if return_weights else context

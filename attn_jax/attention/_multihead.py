@@ -26,6 +26,7 @@ from attn_jax.attention._checks import (
     shape_str,
 )
 from attn_jax.attention._dot_product import dot_product_attention
+from attn_jax.attention._padding import live_rows, zero_rows
 from attn_jax.typing import Array, Bool, Float, PRNGKeyArray
 
 _PROJECTIONS = ("query", "key", "value", "out")
@@ -207,6 +208,10 @@ def multi_head_attention(
     (a head axis of size 1 or ``H``); a head axis is recognised at that rank only, so give a per-head mask
     every batch axis (size 1 is fine). Rank 0, 1 or above ``n + 1`` is a ``ValueError``.
 
+    Rows of ``inputs_q``/``inputs_kv`` that the mask never reads (padding) are zeroed before the projections,
+    so a NaN or ±inf stored there reaches no output (beyond the fully masked query rows' zero context) and no
+    gradient, the kernels' included.
+
     Args:
       params: nested dict (see module docstring), e.g. from :func:`init_multi_head_params`.
       inputs_q: ``[..., T, Dq]``.
@@ -259,6 +264,12 @@ def multi_head_attention(
             )
         check_mask(mask, logits_shape, what="multi-head attention logits [..., H, T, S]")
 
+    if mask is not None:
+        # Unread rows (padding) may hold anything: zero them before the projections, whose kernel gradients
+        # would otherwise multiply a NaN there by its zero cotangent. A row is read if any head reads it.
+        per_pair = jnp.any(jnp.asarray(mask), axis=-3)  # [..., T, S]
+        inputs_q = zero_rows(inputs_q, live_rows(per_pair, np.shape(inputs_q), -2))
+        inputs_kv = zero_rows(inputs_kv, live_rows(per_pair, np.shape(inputs_kv), -1))
     dtype = jnp.result_type(inputs_q, inputs_kv)
     q = _project(inputs_q, params["query"], dtype)  # [..., H, T, K]
     k = _project(inputs_kv, params["key"], dtype)  # [..., H, S, K]

@@ -12,7 +12,7 @@ from typing import Literal
 import jax.numpy as jnp
 from flax import nnx
 
-from attn_jax.attention import _additive, _dot_product, _local, _luong, _multihead
+from attn_jax.attention import _additive, _dot_product, _local, _luong, _multihead, _padding
 from attn_jax.attention._softmax import attend
 from attn_jax.nn._params import unwrap, wrap
 from attn_jax.typing import Array, Bool, Float, Int
@@ -216,6 +216,10 @@ class LuongAttention(nnx.Module):
         ``query_positions`` (default ``0..T-1``) are the decoder time steps t used by local-m.
         """
         values = keys if values is None else values
+        # The scorers see no mask: zero the rows it never reads (padding) so NaN there cannot reach a gradient.
+        query = _padding.zero_masked_queries(query, mask)
+        keys = _padding.zero_masked_keys(keys, mask)
+        values = _padding.zero_masked_keys(values, mask)
         scores = self.scores(query, keys)
         if self.local is None:
             ctx, w = attend(scores, values, mask)
