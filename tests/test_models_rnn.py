@@ -44,7 +44,15 @@ SIZES = dict(embed=9, hidden=11, maxout=3, align=13, local_window=2)
 # embed + hidden, then T decoder steps: the GRU over embed, hidden and the 2·hidden context, the alignment over
 # 2·hidden + align, the softmax and context over S, the readout over hidden + embed + 2·hidden.
 _M, _N, _L = SIZES["embed"], SIZES["hidden"], SIZES["align"]
-MODEL_REDUCTION = S * (_M + _N) + T * ((_M + 3 * _N) + (2 * _N + _L) + 2 * S + (_M + 3 * _N))
+
+
+def rnn_reduction(source_length=S, target_length=T):
+    """The longest float32 summation chain through an RNNsearch/RNNenc of these sizes (see above)."""
+    step = (_M + 3 * _N) + (2 * _N + _L) + 2 * source_length + (_M + 3 * _N)
+    return source_length * (_M + _N) + target_length * step
+
+
+MODEL_REDUCTION = rnn_reduction()
 
 # (arch, scorer, input_feeding): every decoder variant the config can select.
 VARIANTS = [

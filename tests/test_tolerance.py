@@ -77,6 +77,15 @@ def test_all_zero_desired_must_match_exactly():
         assert_close_f32(zeros + np.float32(1e-30), zeros, reduction=7)
 
 
+def test_non_finite_entries_match_exactly_and_do_not_set_the_scale():
+    desired = np.array([-np.inf, 1.0, np.nan], np.float32)
+    assert_close_f32(desired, desired, reduction=7)
+    with pytest.raises(AssertionError):  # an infinite entry must not make every finite difference pass
+        assert_close_f32(np.array([-np.inf, 2.0, np.nan], np.float32), desired, reduction=7)
+    with pytest.raises(AssertionError):
+        assert_close_f32(np.array([0.0, 1.0, np.nan], np.float32), desired, reduction=7)
+
+
 def test_pytrees_leaf_by_leaf():
     a = {"w": np.ones((2, 3), np.float32), "b": None, "g": (jnp.zeros(2), jnp.full((1,), 100.0))}
     assert_close_f32(a, a, reduction=3)

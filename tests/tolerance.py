@@ -66,7 +66,8 @@ def assert_close_f32(actual, desired, *, reduction: int, scale: float | None = N
       actual, desired: arrays, or pytrees with the same structure (compared leaf by leaf; ``None`` leaves must
         match).
       reduction: terms summed on the longest chain from inputs to the output (see the module docstring).
-      scale: the magnitude the absolute tolerance is relative to; default ``max|desired|`` of each leaf. Pass it
+      scale: the magnitude the absolute tolerance is relative to; default ``max|desired|`` over the finite entries
+        of each leaf (inf and NaN must sit at the same places in both, as in ``assert_allclose``). Pass it
         when the array's own maximum is not the size of the terms that were summed (e.g. an array that is all
         near zero by cancellation).
       err_msg: prefixed to the failure message.
@@ -80,7 +81,9 @@ def assert_close_f32(actual, desired, *, reduction: int, scale: float | None = N
         a, d = _as_float(a, "actual"), _as_float(d, "desired")
         if a.shape != d.shape:
             raise AssertionError(f"{err_msg}: leaf {i} shapes differ: {a.shape} vs {d.shape}")
-        size = float(np.max(np.abs(d), initial=0.0)) if scale is None else float(scale)
+        # Non-finite entries (a -inf score of an empty slot) must match exactly and do not set the scale.
+        finite = np.abs(d[np.isfinite(d)])
+        size = float(np.max(finite, initial=0.0)) if scale is None else float(scale)
         where = f"leaf {i + 1} of {len(a_leaves)}: " if len(a_leaves) > 1 else ""
         np.testing.assert_allclose(
             a,
