@@ -21,10 +21,12 @@ import attn_jax.attention._dot_product as dot_product_module
 from attn_jax.attention import (
     additive_attention,
     additive_attention_step,
+    attend,
     chunked_dot_product_attention,
     dot_product_attention,
     init_additive_params,
     init_multi_head_params,
+    local_attention,
     multi_head_attention,
     project_keys,
     zero_masked_keys,
@@ -290,6 +292,29 @@ def test_additive_step_ignores_padded_projected_keys_and_values(rng, key):
     out, grads = run(params, query, _clean(projected, ~mask), _clean(annotations, ~mask), g)
     out_dirty, grads_dirty = run(params, query, _poison(projected, ~mask), _poison(annotations, ~mask), g)
     _assert_same_and_finite((out_dirty, grads_dirty), (out, grads), "additive step")
+
+
+# ------------------------------------------------------------------------------- attend, Luong, local
+
+
+@pytest.mark.parametrize("which", ["attend", "local-p"])
+def test_attend_and_local_ignore_padded_values(rng, which):
+    """Given scores (any scorer's), NaN or ±inf in value rows no query reads changes nothing; for local attention
+    that includes the rows outside every window."""
+    mask = _padding_mask()[:, 0]  # [B, T, S]
+    centers = np.array([[0.0, 1.0, 1.6, 2.0, 2.0], [0.0, 0.4, 1.0, 3.0, 3.0]], np.float32)  # [B, T]
+    if which == "attend":
+        fn, read = (lambda e, v, c: attend(e, v, jnp.asarray(mask))[0]), mask
+    else:
+        fn = lambda e, v, c: local_attention(e, v, c, window=1, mask=jnp.asarray(mask), gaussian=True)  # noqa: E731
+        window = np.abs(np.arange(S) - np.floor(centers + 0.5)[..., None]) <= 1
+        read = mask & window  # keys 4..6 of sentence 0 lie outside every window
+    dead_k = ~read.any(-2)  # [B, S]
+    scores, values, g = _normal(rng, (B, T, S)), _normal(rng, (B, S, KV)), _normal(rng, (B, T, KV))
+    run = _value_and_grads(fn, (0, 1, 2))
+    out, grads = run(scores, _clean(values, dead_k), centers, g)
+    out_dirty, grads_dirty = run(scores, _poison(values, dead_k), centers, g)
+    _assert_same_and_finite((out_dirty, grads_dirty), (out, grads), which)
 
 
 # ------------------------------------------------------------------------------------------- Luong (module)

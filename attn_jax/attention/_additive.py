@@ -313,11 +313,11 @@ def additive_attention(
     )
     check_mask(mask, logits_shape)
     # Rows the mask never reads (padding) are zeroed before any arithmetic (see zero_masked_keys): NaN or ±inf
-    # there reaches neither the context nor a gradient. Keys given as projected_keys are zeroed here.
+    # there reaches neither the context nor a gradient. Keys given as projected_keys are zeroed here, values
+    # by attend.
     query = zero_masked_queries(query, mask)
     if given_projection:
         projected_keys = zero_masked_keys(projected_keys, mask)
-    values = zero_masked_keys(values, mask)
     scores = additive_scores(params, query, projected_keys, fused=fused)
     context, weights = attend(scores, values, mask)
     return (context, weights) if return_weights else context

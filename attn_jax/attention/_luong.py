@@ -20,7 +20,6 @@ import jax.numpy as jnp
 
 from attn_jax.attention._additive import _positive_int, additive_scores, project_keys
 from attn_jax.attention._checks import check_broadcastable, check_mask, check_min_rank, shape_str
-from attn_jax.attention._padding import zero_masked_keys
 from attn_jax.attention._softmax import attend
 from attn_jax.typing import Array, Bool, Float, PRNGKeyArray
 
@@ -256,6 +255,5 @@ def luong_attention(
         ["scores batch axes", "values batch axes"], [jnp.shape(scores)[:-2], jnp.shape(values)[:-2]]
     )
     check_mask(mask, tuple(jnp.shape(scores)))
-    # unread (padded) values may hold anything: 0 · NaN would otherwise reach the context
-    context, weights = attend(scores, zero_masked_keys(values, mask), mask)
+    context, weights = attend(scores, values, mask)  # zeroes the value rows no query reads
     return (context, weights) if return_weights else context

@@ -9,7 +9,10 @@ Numerics policy (applies to every function in ``attn_jax.attention``):
 * after the softmax, masked positions are set to exactly 0, so that a row whose keys are *all* masked yields
   zero weights and a zero context — not NaN (PyTorch's old behaviour) and not a uniform average over padding
   (what a large-negative fill alone gives);
-* the context is accumulated in float32 and returned in the value's dtype.
+* the context is accumulated in float32 and returned in the value's dtype;
+* query, key and value rows that no pair reads (padding) are zeroed before any product (``_padding.py``): a
+  masked key's weight is 0, but ``0 · NaN`` is NaN, so NaN or ±inf stored in padding would otherwise reach the
+  context and every gradient. A ``-inf`` bias entry is a masked entry.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import jax
 import jax.numpy as jnp
 
 from attn_jax.attention._checks import check_mask
+from attn_jax.attention._padding import zero_masked_keys
 from attn_jax.typing import Array, Bool, Float
 
 _FILL = jnp.finfo(jnp.float32).min
@@ -78,10 +82,13 @@ def attend(
 
     The last step shared by every scorer (additive, Luong, dot-product): ``α = masked_softmax(e)``,
     ``c = α v``. Weights are float32; the context has ``values``' dtype. ``mask`` is boolean (True = may
-    attend); a float or integer one is refused with a ``ValueError`` (see :func:`masked_softmax`).
+    attend); a float or integer one is refused with a ``ValueError`` (see :func:`masked_softmax`). Value rows
+    that no query may attend are zeroed first, so NaN or ±inf in padded values changes nothing (the scorer
+    that made ``logits`` must get clean keys: :func:`zero_masked_keys`).
     """
     weights = masked_softmax(logits, mask, axis=-1)
-    return weighted_context(weights, values), weights
+    # a value row no query may attend (padding) gets weight 0, but 0 · NaN is NaN: zero it first
+    return weighted_context(weights, zero_masked_keys(values, mask)), weights
 
 
 def assert_valid_attention_weights(
