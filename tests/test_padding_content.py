@@ -33,6 +33,8 @@ from attn_jax.attention import (
     zero_masked_queries,
 )
 from attn_jax.attention._padding import live_rows
+from attn_jax.models import RNNConfig, RNNsearch
+from attn_jax.models.transformer import Transformer, TransformerConfig
 from attn_jax.nn import LuongAttention
 from tests.reference.chunked import attention_grads_ref
 from tests.reference.masks_dot import causal_mask_ref, dot_attention_ref, multi_head_ref
@@ -343,3 +345,55 @@ def test_luong_attention_ignores_padded_content(rng, score, local):
     out, grads = run(params, _clean(query, dead_q), _clean(keys, dead_k), g)
     out_dirty, grads_dirty = run(params, _poison(query, dead_q), _poison(keys, dead_k), g)
     _assert_same_and_finite((out_dirty, grads_dirty), (out, grads), f"Luong {score}, local={local}")
+
+
+# ------------------------------------------------------------------------------------------------- models
+
+
+def _tiny_model(arch):
+    if arch == "transformer":
+        cfg = TransformerConfig(
+            src_vocab=11,
+            tgt_vocab=13,
+            d_model=8,
+            heads=2,
+            d_ff=5,
+            encoder_layers=1,
+            decoder_layers=1,
+            max_length=4,
+            dropout=0.0,
+        )
+        return Transformer(cfg, rngs=nnx.Rngs(0))
+    cfg = RNNConfig(src_vocab=11, tgt_vocab=13, arch="rnnsearch", embed=5, hidden=6, maxout=3, align=7)
+    return RNNsearch(cfg, rngs=nnx.Rngs(0))
+
+
+@pytest.mark.parametrize("arch", ["rnnsearch", "transformer"])
+def test_decoders_ignore_nan_in_padded_encoder_output(rng, arch):
+    """The encoders write zeros at padding (tokens are ints, so their own padding is finite); a decoder step
+    handed an encoding whose padded annotations and precomputed keys are NaN/±inf still gives the same logits
+    and the same, finite gradients (parameters, annotations, keys): its attention zeroes what it never reads."""
+    model = _tiny_model(arch)
+    src_mask = np.arange(S)[None, :] < KEY_LENGTHS[:, None]  # [B, S]
+    src = jnp.asarray(np.where(src_mask, rng.integers(3, 11, (B, S)), 0), jnp.int32)
+    graphdef, params = nnx.split(model)
+    enc = jax.jit(lambda p, s, m: nnx.merge(graphdef, p).encode(s, m))(params, src, jnp.asarray(src_mask))
+    assert np.all(np.asarray(enc.memory)[~src_mask] == 0.0)
+    prev = jnp.ones((B,), jnp.int32)
+
+    def step(p, memory, keys):
+        m = nnx.merge(graphdef, p)
+        e = enc._replace(memory=memory, keys=keys)
+        return m.decode_step(e, m.init_decoder_state(e), prev)[0]  # logits [B, V]
+
+    def padded(
+        x, poison
+    ):  # the source axis is -2 of memory [B, S, D] and keys [B, S, A] or [B, L, 2, H, S, K]
+        dead = np.broadcast_to(~src_mask.reshape((B,) + (1,) * (x.ndim - 3) + (S,)), x.shape[:-1])
+        return _poison(x, dead) if poison else _clean(x, dead)
+
+    run = _value_and_grads(step, (0, 1, 2))
+    g = _normal(rng, (B, 13))
+    out, grads = run(params, padded(enc.memory, False), padded(enc.keys, False), g)
+    out_dirty, grads_dirty = run(params, padded(enc.memory, True), padded(enc.keys, True), g)
+    _assert_same_and_finite((out_dirty, grads_dirty), (out, grads), arch)
