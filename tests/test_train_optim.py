@@ -7,6 +7,7 @@ import optax
 import pytest
 
 from attn_jax.train import OptimizerConfig, default_config, make_optimizer, make_schedule, optimizer_config
+from tests.tolerance import assert_close_f32
 
 
 def _grads(rng, n):
@@ -50,7 +51,9 @@ def test_default_is_the_papers_adadelta_with_clipping(rng):
     paper = optax.chain(optax.clip_by_global_norm(1.0), optax.adadelta(learning_rate=1.0, rho=0.95, eps=1e-6))
     theirs, h2 = _run(paper, params, grads)
     for a, b in zip(jax.tree.leaves((ours, h1)), jax.tree.leaves((theirs, h2)), strict=True):
-        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+        np.testing.assert_array_equal(
+            np.asarray(a), np.asarray(b)
+        )  # the same transformations: the same program
 
 
 def test_adadelta_follows_zeiler_2012_in_float64(rng):
@@ -84,7 +87,9 @@ def test_adam_with_weight_decay_is_adamw(rng):
     ours, _ = _run(make_optimizer(cfg), params, grads)
     theirs, _ = _run(optax.adamw(3e-3, b1=0.8, b2=0.99, eps=1e-8, weight_decay=0.01), params, grads)
     for a, b in zip(jax.tree.leaves(ours), jax.tree.leaves(theirs), strict=True):
-        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+        np.testing.assert_array_equal(
+            np.asarray(a), np.asarray(b)
+        )  # the same transformations: the same program
 
 
 def test_adadelta_weight_decay_is_decoupled(rng):
@@ -97,7 +102,8 @@ def test_adadelta_weight_decay_is_decoupled(rng):
         g, optax.scale_by_adadelta(rho=0.95, eps=1e-6).init(params)
     )
     expected = -0.5 * (np.asarray(plain["w"]) + 0.1 * np.asarray(params["w"]))
-    np.testing.assert_allclose(np.asarray(updates["w"]), expected, rtol=1e-6)
+    # NumPy vs the optimizer's program (which may fuse the multiply-add): a two-term float32 sum, rounded apart
+    assert_close_f32(updates["w"], expected, reduction=2)
 
 
 def test_schedules_by_hand():
