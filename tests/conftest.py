@@ -1,4 +1,29 @@
-"""Strict test set-up: 8 fake CPU devices (set before jax is imported), a PRNG-key fixture, markers."""
+"""Strict test set-up: 8 fake CPU devices (set before jax is imported), a PRNG-key fixture, markers.
+
+Tolerance policy (the whole suite follows it; tests/README.md points here):
+
+* **Bitwise** (``assert_array_equal``, ``==``) only where the *same* compiled program runs twice: determinism,
+  exact resume, kill/resume, a saved-and-restored state, the same jitted function on inputs that differ only where
+  the result must not look (padded content whose weights are exact zeros), two traces that lower to the same
+  program (a default that dispatches to the path it names). Also for exact arithmetic: integers, booleans, masks,
+  tokens, and float values every float32 program computes exactly (hand-computed small integers, exact zeros).
+* **Two float32 programs that agree mathematically** (jit vs eager, padded vs truncated, fused vs plain, vmap vs
+  loop, sharded vs single device, traced vs static, scan of steps vs all at once, ours vs a float32 peer such as
+  jax.nn or Flax): ``tests.tolerance.assert_close_f32(actual, desired, reduction=n)``, whose tolerance
+  ``max(1e-5, 8 · eps32 · √n)`` follows float32 rounding and the length n of the reductions, relative to each
+  entry and to the array's largest entry (derivation in tests/tolerance.py). Never a hand-picked 1e-6: which
+  way XLA rounds depends on the CPU's vector width (AVX-512, AVX2, SSE), so a test tighter than float32
+  rounding passes on one machine and fails on the next. A comparison whose error is amplified beyond one
+  program's rounding (several training steps, an optimizer step that divides by √v) keeps its own tolerance
+  with a comment saying why.
+* **Against a float64 reference** (tests/reference): ~1e-5 relative in float32, looser for bf16/fp16 with a
+  comment saying why; these are unchanged by the above.
+
+Tests marked ``numerics`` (the two-float32-program comparisons of the attention core) run a second time in
+``make test`` with ``XLA_FLAGS=... --xla_cpu_max_isa=AVX2`` (Makefile ``NUMERICS_ISAS``): XLA then generates code for
+a narrower ISA than an AVX-512 machine's default, so a tolerance that holds only on one code path fails here first and
+not on a user's. Costs and findings: tests/README.md.
+"""
 
 import os
 

@@ -68,6 +68,7 @@ def _length_mask(lengths, s=S):
 # --- hand-computed cases (seed lesson 002) -----------------------------------------------------------------
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize(
     "energies, expected",
     [
@@ -150,6 +151,7 @@ def test_broadcast_leading_axes_and_default_values(key, rng):
     assert rel_err(ctx, ctx_ref) < 1e-5
 
 
+@pytest.mark.numerics
 def test_projected_keys_are_used_and_keys_not_reprojected(key, rng):
     params = _params(key)
     q, k, v = _inputs(rng)
@@ -179,6 +181,7 @@ def _decode(params, queries, keys, values, key_mask):
     return jnp.swapaxes(ctx, 0, 1), jnp.swapaxes(w, 0, 1)
 
 
+@pytest.mark.numerics
 def test_scan_of_steps_equals_all_at_once(key, rng):
     params = _params(key, normalize=True)
     q, k, v = _inputs(rng)
@@ -238,6 +241,7 @@ def _padded_batch(draw):
     return b, t, s, np.array(lengths), draw(st.integers(0, 2**31 - 1))
 
 
+@pytest.mark.numerics
 @settings(max_examples=15)
 @given(_padded_batch())
 def test_padding_properties(case):
@@ -310,6 +314,7 @@ def test_fully_masked_rows_give_zeros_and_finite_grads(key, rng):
 # --- transformations ----------------------------------------------------------------------------------------
 
 
+@pytest.mark.numerics
 def test_jit_and_vmap(key, rng):
     params = _params(key, normalize=True)
     q, k, v = _inputs(rng)

@@ -101,6 +101,7 @@ def test_attention_matches_reference(rng):
     np.testing.assert_allclose(ctx_plain, dot_attention_ref(q, k, v)[0], rtol=RTOL, atol=ATOL)
 
 
+@pytest.mark.numerics
 def test_value_batch_axes_may_widen(rng):
     # shared query/keys, several value sets: weights broadcast to the value's batch axes
     q, k, v = _normal(rng, (T, K)), _normal(rng, (S, K)), _normal(rng, (B, S, KV))
@@ -119,6 +120,7 @@ def _to_bthk(x):
     return jnp.swapaxes(x, -3, -2)  # [B, H, T, K] <-> [B, T, H, K]
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("masked", [False, True])
 def test_matches_jax_nn_and_flax(rng, masked):
     q, k, v = _inputs(rng, kv=K)  # jax.nn needs Kv == K
@@ -130,6 +132,7 @@ def test_matches_jax_nn_and_flax(rng, masked):
     assert_close_f32(ours, flax_, reduction=REDUCTION)
 
 
+@pytest.mark.numerics
 def test_fully_masked_rows_peers_average_padding_we_give_zeros(rng):
     """Fully masked query rows: ours -> exact zeros; jax.nn and Flax -> the mean of *all* values (padding
     included).
@@ -212,6 +215,7 @@ def test_invariant_to_content_of_padded_keys(case):
     np.testing.assert_array_equal(w1, w2)
 
 
+@pytest.mark.numerics
 @given(st.integers(1, 6), st.integers(0, 2**31 - 1))
 @settings(max_examples=10)
 def test_padded_equals_truncated(valid_len, seed):
@@ -226,6 +230,7 @@ def test_padded_equals_truncated(valid_len, seed):
 # --- transforms ---------------------------------------------------------------------------------------------
 
 
+@pytest.mark.numerics
 def test_jit_equals_eager_and_vmap_equals_loop(rng):
     q, k, v = _inputs(rng)
     mask = _mask(rng, (B, H, T, S))

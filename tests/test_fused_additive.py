@@ -227,6 +227,7 @@ def test_kernel_matches_float64_reference_and_naive(case, block_size, rng):
         assert_close_f32(g, g_naive, reduction=KERNEL_REDUCTION, err_msg=name)
 
 
+@pytest.mark.numerics
 def test_kernel_blocks_equal_one_block(rng):
     # Every block size, dividing T or not, gives the one-block result to float32 rounding.
     q = rng.normal(size=(B, T, A)).astype(np.float32)
@@ -240,6 +241,7 @@ def test_kernel_blocks_equal_one_block(rng):
         assert_close_f32(blocked, whole, reduction=KERNEL_REDUCTION, err_msg=f"block {block}")
 
 
+@pytest.mark.numerics
 @settings(max_examples=6)
 @given(
     st.sampled_from([1, 3, 5]),  # T (1: one decoder step)
@@ -298,6 +300,7 @@ def _attention_vjp(params, q, k, v, mask, cot_ctx, cot_w, fused):
     return out, vjp((cot_ctx, cot_w))
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("config", ["bias", "normed"])
 def test_masked_attention_fused_equals_naive_and_reference(config, key, rng):
     # Masking happens after the scores (masked_softmax); a sentence with no valid key must give zero weights,
@@ -343,6 +346,7 @@ def _scan_loss(fused, key_mask):
     return loss
 
 
+@pytest.mark.numerics
 def test_scan_of_steps_gradients_fused_equal_naive(key, rng):
     params = _params(key, normalize=True)  # weight-normed v with a gain g, and a bias b
     q, k, v = _inputs(rng)
@@ -498,6 +502,7 @@ def test_check_grads(block_size, rng):
     check_grads(f, (q, k, v, b), order=2, modes=["rev"], eps=1e-3, atol=1e-2, rtol=1e-2)
 
 
+@pytest.mark.numerics
 def test_jit_and_vmap(rng):
     q = rng.normal(size=(B, T, A)).astype(np.float32)
     k = rng.normal(size=(B, S, A)).astype(np.float32)

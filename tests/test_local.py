@@ -107,6 +107,7 @@ def test_centers_hand_cases():
 # --- float64 references -------------------------------------------------------------------------------------
 
 
+@pytest.mark.numerics
 def test_centers_match_reference(key, rng):
     lengths = np.array([9, 4, 0])
     np.testing.assert_array_equal(monotonic_centers(T, lengths), monotonic_centers_ref(T, lengths))
@@ -190,6 +191,7 @@ def test_window_properties(case):
     assert rel_err(w_m, local_ref(scores, values, centers, window, mask, False)[1]) < 1e-5
 
 
+@pytest.mark.numerics
 def test_padded_equals_truncated(rng):
     scores, values = _inputs(rng)
     centers = monotonic_centers(T, LENGTHS)
@@ -265,6 +267,7 @@ def test_fully_masked_rows_finite_grads(rng):
 # --- transformations ----------------------------------------------------------------------------------------
 
 
+@pytest.mark.numerics
 def test_jit_and_vmap(rng):
     scores, values = _inputs(rng)
     centers = (monotonic_centers(T, LENGTHS) + 0.3).astype(jnp.float32)

@@ -162,6 +162,7 @@ def test_concat_with_bias_and_broadcast_batch(key, rng):
     )
 
 
+@pytest.mark.numerics
 def test_location_scores_ignore_padded_length(key, rng):
     # The location score of position s does not depend on how far the batch is padded.
     params = _params("location", key)
@@ -183,6 +184,7 @@ def _padded_batch(draw):
     return draw(st.sampled_from(SCORERS)), b, t, s, lengths, draw(st.integers(0, 2**31 - 1))
 
 
+@pytest.mark.numerics
 @settings(max_examples=16)
 @given(_padded_batch())
 def test_padding_properties(case):
@@ -235,8 +237,9 @@ def test_fully_masked_rows_and_grads(name, key, rng):
 # --- transformations ----------------------------------------------------------------------------------------
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("name", SCORERS)
-def test_jit_vmap_and_check_grads(name, key, rng):
+def test_jit_and_vmap(name, key, rng):
     params = _params(name, key)
     q, k, v = _inputs(name, rng)
     mask = _length_mask(LENGTHS)
@@ -247,6 +250,14 @@ def test_jit_vmap_and_check_grads(name, key, rng):
     for i in range(B):
         one = _attn(name)(params, q[i], k[i], v[i], mask[i])
         assert_close_f32(tuple(x[i] for x in vmapped), one, reduction=REDUCTION)
+
+
+@pytest.mark.parametrize("name", SCORERS)
+def test_check_grads(name, key, rng):
+    params = _params(name, key)
+    q, k, v = _inputs(name, rng)
+    mask = _length_mask(LENGTHS)
+    f = lambda p, q, k, v, m: luong_attention(_score(name, p, q, k), v, m, return_weights=True)
     # float32 finite differences: eps=1e-3 leaves ~1e-4 relative rounding noise; tolerance 1e-2.
     g = jax.jit(lambda p, q, k, v: f(p, q[:2, :3], k[:2], v[:2], mask[:2])[0])
     check_grads(g, (params, q, k, v), order=1, modes=["rev"], eps=1e-3, atol=1e-2, rtol=1e-2)

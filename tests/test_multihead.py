@@ -97,6 +97,7 @@ def test_matches_per_head_reference(key, rng, head_axis):
     assert_valid_attention_weights(w, mask if head_axis else mask[:, None])
 
 
+@pytest.mark.numerics
 def test_self_attention_and_no_bias_match_reference(key, rng):
     p = _params(0, cross=False, use_bias=False)
     assert "bias" not in p["query"] and "bias" not in p["out"]
@@ -108,6 +109,7 @@ def test_self_attention_and_no_bias_match_reference(key, rng):
     )
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize(
     "cross,use_bias,mask_kind", [(True, True, "heads"), (False, True, "none"), (True, False, "T S")]
 )
@@ -209,6 +211,7 @@ def test_property_fully_masked_rows(seed):
     assert all(np.all(np.isfinite(g)) for g in jax.tree.leaves(grads))
 
 
+@pytest.mark.numerics
 @given(st.lists(st.sampled_from([1, 4, S]), min_size=B, max_size=B), st.integers(0, 2**31 - 1))
 @settings(max_examples=10)
 def test_property_padding_content_and_truncation(lengths, seed):
@@ -230,6 +233,7 @@ def test_property_padding_content_and_truncation(lengths, seed):
 # --- transforms ---------------------------------------------------------------------------------------------
 
 
+@pytest.mark.numerics
 def test_jit_equals_eager_and_vmap_equals_loop(key, rng):
     p = _params(0)
     xq, xkv = _normal(rng, (B, T, DQ)), _normal(rng, (B, S, DK))

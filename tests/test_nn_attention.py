@@ -122,6 +122,7 @@ def test_kernels_carry_logical_axis_names():
         assert len(var.get_metadata()["out_sharding"]) == var[...].ndim
 
 
+@pytest.mark.numerics
 def test_modules_run_under_nnx_jit(rng):
     q, k, _, key_valid = _inputs(rng)
     mod = AdditiveAttention(DQ, DK, A, rngs=nnx.Rngs(0))

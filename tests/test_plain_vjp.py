@@ -110,6 +110,7 @@ def _effective_mask(mask, causal):
 # --- values and gradients: autodiff and float64 ----------------------------------------------------------------
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("name", list(CASES))
 def test_matches_autodiff_and_float64_reference(rng, name):
     (q, k, v, mask, bias, g), causal, scale = _case(rng, name)
@@ -172,6 +173,7 @@ def test_bfloat16_matches_autodiff_and_float64_reference(rng):
         assert _rel_err(a, a_ad) < 1e-2, what
 
 
+@pytest.mark.numerics
 @given(st.integers(0, 2**31 - 1), st.sampled_from([0.2, 0.6, 1.0]))
 @settings(max_examples=10)
 def test_property_random_masks_match_autodiff(seed, density):
@@ -191,6 +193,7 @@ _jit_autodiff_vjp = jax.jit(_vjp(_autodiff))
 # --- transforms ------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.numerics
 def test_jit_equals_eager_and_vmap_equals_loop(rng):
     (q, k, v, mask, bias, g), _, _ = _case(rng, "padding")  # bias [B, 1, T, S], mask [B, 1, 1, S]
     eager = _vjp(_fast)(q, k, v, mask, bias, g)
@@ -222,6 +225,7 @@ def test_check_grads(rng):
     check_grads(f, (q, k, v, bias), order=2, modes=["rev"], eps=1e-3, atol=1e-2, rtol=1e-2)
 
 
+@pytest.mark.numerics
 def test_forward_mode_matches_autodiff(rng):
     (q, k, v, mask, bias, _), causal, scale = _case(rng, "causal")
     tangents = tuple(_normal(rng, np.shape(x)) for x in (q, k, v, bias))
@@ -255,6 +259,7 @@ def test_default_implementation_takes_the_custom_rule(rng):
         )
 
 
+@pytest.mark.numerics
 def test_fallbacks_still_work_and_match(rng):
     """return_weights, broadcast batch axes and a traced scale keep plain autodiff, with the same values."""
     (q, k, v, mask, bias, g), _, _ = _case(rng, "dead_row")
