@@ -18,7 +18,8 @@ Cost: one ``any`` over the mask (a pass over ``[..., T, S]`` booleans at most; a
 axis for a broadcast mask under ``causal``) and one select over the ``[..., T, K]``/``[..., S, K]`` inputs,
 against the ``O(T·S·K)`` products of attention. Measured (``experiments/benchmarks/padding_cost.py``, fwd+bwd at
 B=4, H=8, L=1024, K=64 on CPU): within the machine's noise end to end; the zeroing alone is 1.4-3.7 % of the
-attention's time.
+attention's time. In a decoder scan of :func:`additive_attention_step` the loop-invariant keys are zeroed at
+every step: within noise with the fused scorer, +10-15 % with ``fused=False``.
 """
 
 from __future__ import annotations
