@@ -64,14 +64,17 @@ def init_additive_params(
     *,
     use_bias: bool = True,
     normalize: bool = False,
+    init: str = "fan_in",
     dtype=jnp.float32,
 ) -> dict[str, Array]:
     r"""Initialise the parameters of the additive scorer ``vᵀ tanh(W_q s + W_k h + b)``.
 
-    Initialisation (a deliberate departure from the paper): ``w_q ~ N(0, 1/Dq)``, ``w_k ~ N(0, 1/Dk)``,
-    ``v ~ N(0, 1/A)``, ``b = 0``. Bahdanau et al. (appendix B.2) draw ``W_a, U_a ~ N(0, 0.001²)`` and set
-    ``v_a = 0``; a zero ``v`` makes every energy 0 (uniform weights) and gives ``W_a, U_a`` zero gradient
-    until ``v`` moves, so a fan-in-scaled normal is used instead.
+    ``init="fan_in"`` (the default): ``w_q ~ N(0, 1/Dq)``, ``w_k ~ N(0, 1/Dk)``, ``v ~ N(0, 1/A)``, ``b = 0``,
+    so the scorer starts with energies of order one. ``init="paper"``: Bahdanau et al. (appendix B.1):
+    ``W_a, U_a ~ N(0, 0.001²)``, ``v_a = 0``, ``b = 0``: every energy starts at 0 (uniform weights) and
+    ``W_a, U_a`` get no gradient until ``v`` has moved, so the alignment grows from what the data make
+    ``v`` learn first instead of from a random initial preference (the demo's recipe uses it:
+    experiments/bahdanau2015/README.md).
 
     With ``normalize=True`` (tf/nmt ``normed_bahdanau``; Salimans & Kingma 2016) a scalar gain
     ``g = sqrt(1/A)`` is added and the scorer uses ``g · v / ‖v‖``; as in tf/nmt this always creates the bias
@@ -84,6 +87,8 @@ def init_additive_params(
       attention_dim: ``A``, the hidden width of the scorer (the paper's ``n'``).
       use_bias: add ``b [A]`` inside the tanh.
       normalize: weight-normalise ``v`` with a learned gain ``g []``.
+      init: ``"fan_in"`` or ``"paper"`` (above). With ``normalize=True`` only ``"fan_in"`` (``v / ‖v‖`` of a
+        zero ``v`` is undefined).
       dtype: parameter dtype.
 
     Returns:
@@ -97,12 +102,23 @@ def init_additive_params(
     dq = _positive_int("query_features", query_features)
     dk = _positive_int("key_features", key_features)
     a = _positive_int("attention_dim", attention_dim)
+    if init not in ("fan_in", "paper"):
+        raise ValueError(f"init must be 'fan_in' or 'paper', got {init!r}")
+    if init == "paper" and normalize:
+        raise ValueError("init='paper' sets v = 0, which normalize=True cannot divide by; use init='fan_in'")
     k_q, k_k, k_v = jax.random.split(key, 3)
-    params = {
-        "w_q": (jax.random.normal(k_q, (dq, a), jnp.float32) / math.sqrt(dq)).astype(dtype),
-        "w_k": (jax.random.normal(k_k, (dk, a), jnp.float32) / math.sqrt(dk)).astype(dtype),
-        "v": (jax.random.normal(k_v, (a,), jnp.float32) / math.sqrt(a)).astype(dtype),
-    }
+    if init == "paper":
+        params = {
+            "w_q": (0.001 * jax.random.normal(k_q, (dq, a), jnp.float32)).astype(dtype),
+            "w_k": (0.001 * jax.random.normal(k_k, (dk, a), jnp.float32)).astype(dtype),
+            "v": jnp.zeros((a,), dtype),
+        }
+    else:
+        params = {
+            "w_q": (jax.random.normal(k_q, (dq, a), jnp.float32) / math.sqrt(dq)).astype(dtype),
+            "w_k": (jax.random.normal(k_k, (dk, a), jnp.float32) / math.sqrt(dk)).astype(dtype),
+            "v": (jax.random.normal(k_v, (a,), jnp.float32) / math.sqrt(a)).astype(dtype),
+        }
     if use_bias or normalize:
         params["b"] = jnp.zeros((a,), dtype)
     if normalize:

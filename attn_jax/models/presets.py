@@ -58,6 +58,9 @@ class RNNConfig:
         has width ``align``. Off (the default) leaves both models exactly as the papers'. See
         ``attn_jax.nn.intra``.
       local_window: ``D``, half-width of the local-p window (Luong: 10).
+      attention_init: initialisation of the additive scorer (``scorer="additive"``): ``"fan_in"``
+        (fan-in-scaled normals) or ``"paper"`` (appendix B.1: ``W_a, U_a ~ N(0, 0.001²)``, ``v_a = 0``); see
+        ``attn_jax.attention.init_additive_params``.
       param_dtype: dtype the parameters are stored in.
       dtype: compute dtype of matmul operands and activations (``"bfloat16"`` for mixed precision; recurrent
         states, attention logits, softmax and output logits stay float32).
@@ -74,6 +77,7 @@ class RNNConfig:
     input_feeding: bool = False
     intra_attention: bool = False
     local_window: int = 10
+    attention_init: str = "fan_in"
     param_dtype: str = "float32"
     dtype: str = "float32"
 
@@ -90,6 +94,12 @@ class RNNConfig:
             raise ValueError(f"model config: input_feeding must be a bool, got {self.input_feeding!r}")
         if not isinstance(self.intra_attention, bool):
             raise ValueError(f"model config: intra_attention must be a bool, got {self.intra_attention!r}")
+        if self.attention_init not in ("fan_in", "paper"):
+            raise ValueError(
+                f"model config: attention_init must be 'fan_in' or 'paper', got {self.attention_init!r}"
+            )
+        if self.attention_init == "paper" and self.scorer == "normed_additive":
+            raise ValueError("model config: attention_init='paper' (v_a = 0) cannot be weight-normalised")
         if self.input_feeding and self.arch != "rnnsearch":
             raise ValueError(
                 "model config: input_feeding needs attention (arch='rnnsearch'); RNNenc has none"

@@ -50,8 +50,8 @@ Padding is neither read nor attended; the annotations, ``←h_1`` and the decode
 Where the paper is silent or this code departs from it: biases are kept (GRU, ``b_s``, ``b_o``, output bias;
 the paper omits them from its equations); the deep output reads ``s_{i-1}`` exactly as appendix A.2.2 writes
 it (section 3.1's ``g(y_{i-1}, s_i, c_i)`` would read ``s_i``); the scorers' parameters are initialised by
-the attention core (fan-in-scaled normals, not the paper's ``N(0, 0.001²)`` with ``v_a = 0``); everything else
-follows appendix B.1 (orthogonal recurrent matrices, ``N(0, 0.01²)`` elsewhere, zero biases).
+the attention core: fan-in-scaled normals by default, the paper's ``W_a, U_a ~ N(0, 0.001²)``, ``v_a = 0`` with
+``RNNConfig.attention_init="paper"`` (additive scorer; the demo's recipe); everything else follows appendix B.1 (orthogonal recurrent matrices, ``N(0, 0.01²)`` elsewhere, zero biases).
 """
 
 from __future__ import annotations
@@ -128,6 +128,7 @@ class RNNsearch(nnx.Module):
                 2 * n,
                 config.align,
                 normalize=config.scorer == "normed_additive",
+                init=config.attention_init,
                 param_dtype=pd,
                 rngs=rngs,
             )

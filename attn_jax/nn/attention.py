@@ -36,6 +36,7 @@ class AdditiveAttention(nnx.Module):
         use_bias: bool = True,
         normalize: bool = False,
         fused: bool = True,
+        init: str = "fan_in",
         param_dtype=jnp.float32,
         rngs: nnx.Rngs,
     ):
@@ -47,6 +48,7 @@ class AdditiveAttention(nnx.Module):
             attention_dim,
             use_bias=use_bias,
             normalize=normalize,
+            init=init,
             dtype=param_dtype,
         )
         names = {
