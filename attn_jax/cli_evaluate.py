@@ -6,7 +6,9 @@
 Decodes the split with beam search (the run's best checkpoint), scores it with sacreBLEU (overall, per source
 length bucket 0-9 ... 60+ as in Bahdanau et al. 2015, Figure 2, and on the sentences without ``<unk>``,
 Table 1's "No UNK"), measures the alignment error rate of the attention against the corpus' gold alignments
-(built-in corpus), draws attention heatmaps of a few long sentences (Figure 3), prints the tables and writes
+(built-in corpus; overall and on the sentences within the training lengths), draws attention heatmaps chosen
+as the paper's Figure 3 is (the longest sentences within the training lengths that the model translates
+exactly, plus one beyond them as the failure case: :func:`figure3_examples`), prints the tables and writes
 them to ``--out`` (default ``workdir/eval/<split>``):
 
     sources.txt  references.txt  hypotheses.txt     the scored sentences, line-aligned (BLEU can be recomputed)
@@ -37,7 +39,7 @@ import os
 import sys
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -222,10 +224,55 @@ def _write_lines(path: str, lines: Sequence[str]) -> None:
         f.write("".join(line + "\n" for line in lines))
 
 
-def _heatmap_examples(sources: Sequence[str], count: int, max_length: int) -> list[int]:
-    """The ``count`` longest sentences with at most ``max_length`` source words (longest first; ties: corpus order)."""
-    fitting = [i for i, s in enumerate(sources) if len(s.split()) <= max_length] or list(range(len(sources)))
-    return sorted(fitting, key=lambda i: (-len(sources[i].split()), i))[:count]
+def _training_source_length(config) -> int | None:
+    """The longest source (in tokens) the run trained on, or None when its config sets no limit."""
+    limit = config.data.get("max_source_length") if hasattr(config, "data") else None
+    return int(limit) if limit else None
+
+
+class HeatmapPick(NamedTuple):
+    """One sentence picked for a heatmap by :func:`figure3_examples`: its index and why it was picked."""
+
+    index: int
+    kind: str  # "correct": within the training lengths, translated exactly; "within": same, not exact
+    #            (only when too few are exact); "beyond": longer than the training lengths (the failure case)
+
+
+def figure3_examples(
+    sources: Sequence[str],
+    hypotheses: Sequence[str],
+    references: Sequence[str],
+    *,
+    count: int,
+    within_length: int | None,
+    max_length: int,
+) -> list[HeatmapPick]:
+    """The sentences for the heatmaps, by the rule of the paper's Figure 3 (sentences the model gets right).
+
+    Up to ``count`` sentences of at most ``within_length`` source words (the training lengths) whose translation
+    equals the reference exactly (``"correct"``), longest first (ties: corpus order); if fewer are exact, the
+    longest remaining ones within those lengths fill up (``"within"``, said in the picture's title). Then one
+    sentence longer than ``within_length`` (``"beyond"``: the failure case), the longest with at most
+    ``max_length`` words (so the picture stays legible). ``within_length=None``: no training limit is known,
+    every sentence counts as within and there is no ``"beyond"`` picture.
+
+    >>> src = ["a b", "a b c", "a b c d e", "a"]
+    >>> hyp = ["x y", "x y z", "x", "q"]
+    >>> ref = ["x y", "x y z", "x y z w v", "x"]
+    >>> figure3_examples(src, hyp, ref, count=2, within_length=3, max_length=10)
+    [HeatmapPick(index=1, kind='correct'), HeatmapPick(index=0, kind='correct'), HeatmapPick(index=2, kind='beyond')]
+    """
+    n = [len(s.split()) for s in sources]
+    fits = [i for i in range(len(sources)) if n[i] <= max_length]
+    within = [i for i in fits if within_length is None or n[i] <= within_length]
+    by_length = sorted(within, key=lambda i: (-n[i], i))
+    exact = [i for i in by_length if hypotheses[i].split() == references[i].split()]
+    picks = [HeatmapPick(i, "correct") for i in exact[:count]]
+    picks += [HeatmapPick(i, "within") for i in by_length if i not in exact][: count - len(picks)]
+    beyond = [i for i in fits if within_length is not None and n[i] > within_length]
+    if beyond and count > 0:
+        picks.append(HeatmapPick(min(beyond, key=lambda i: (-n[i], i)), "beyond"))
+    return picks
 
 
 def evaluate_workdir(
@@ -258,7 +305,9 @@ def evaluate_workdir(
       checkpoint: ``best`` (lowest validation loss; the latest when no kept checkpoint was evaluated, which
         is logged and kept in ``checkpoint_note``), ``last`` or a step.
       batch_size: sentences per decoding / teacher-forcing batch.
-      num_heatmaps: heatmaps of the longest sentences with at most ``heatmap_max_length`` source words.
+      num_heatmaps: heatmaps of the longest sentences within the training lengths that the model translates
+        exactly, plus one sentence beyond the training lengths (:func:`figure3_examples`); at most
+        ``heatmap_max_length`` source words each.
       replace_unk: replace produced ``<unk>`` by the most-attended source word before scoring (off: the
         paper's setting).
       test_per_bucket: test pairs per length bucket of a generated built-in corpus (see :func:`load_split`).
@@ -323,7 +372,7 @@ def evaluate_workdir(
     )
     word_level = getattr(sv, "word_level", False) and getattr(tv, "word_level", False)
     ref_attention = reference_attention(loaded, sources, references, batch_size=batch_size)
-    aer = links = None
+    aer = aer_within = links = None
     if ref_attention is not None and word_level:
         links = [
             ev.argmax_alignment(w[: len(r.split()), : len(s.split())])
@@ -336,6 +385,15 @@ def evaluate_workdir(
                 source_lengths=[len(s.split()) for s in sources],
                 target_lengths=[len(r.split()) for r in references],
             )
+            limit = _training_source_length(loaded.config)
+            inside = [k for k, s in enumerate(sources) if limit is None or len(s.split()) <= limit]
+            if inside:
+                aer_within = ev.alignment_error_rate(
+                    [links[k] for k in inside],
+                    [gold[k] for k in inside],
+                    source_lengths=[len(sources[k].split()) for k in inside],
+                    target_lengths=[len(references[k].split()) for k in inside],
+                )
     timings["score_s"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
@@ -364,7 +422,25 @@ def evaluate_workdir(
     ev.plot_bleu_by_length({system: by_length}, path("bleu_by_length.png"), title=f"{system}: BLEU by length")
 
     heatmaps = []
-    for k, i in enumerate(_heatmap_examples(sources, num_heatmaps, heatmap_max_length)):
+    train_length = _training_source_length(loaded.config)
+    picks = figure3_examples(
+        sources,
+        hypotheses,
+        references,
+        count=num_heatmaps,
+        within_length=train_length,
+        max_length=heatmap_max_length,
+    )
+    picked = []
+    for k, (i, kind) in enumerate(picks):
+        note = {
+            "correct": "translated exactly",
+            "within": "within training lengths, not exact",
+            "beyond": f"beyond the training lengths (> {train_length} words)",
+        }[kind]
+        picked.append(
+            {"file": f"attention_{k}.png", "index": keep[i], "words": len(sources[i].split()), "kind": kind}
+        )
         hyp = translations[i][0] if translations[i] else None
         src_words = [*sources[i].split(), "</s>"] if word_level else None
         if hyp is not None and hyp.attention is not None:
@@ -374,7 +450,7 @@ def evaluate_workdir(
                     [*hyp.source_tokens, "</s>"],
                     [*hyp.tokens, "</s>"],
                     path(f"attention_{k}.png"),
-                    title=f"{system}, {split} #{keep[i]}: own translation"
+                    title=f"{system}, {split} #{keep[i]} ({note}): own translation"
                     + (
                         ", last layer, mean of heads"
                         if hasattr(loaded.model, "cross_attention_weights")
@@ -391,7 +467,7 @@ def evaluate_workdir(
                         [*hyp.source_tokens, "</s>"],
                         [*hyp.tokens, "</s>"],
                         path(f"attention_{k}_head.png"),
-                        title=f"{system}, {split} #{keep[i]}: own translation, last layer, head {h} (sharpest)",
+                        title=f"{system}, {split} #{keep[i]} ({note}): own translation, last layer, head {h} (sharpest)",
                     )
                 )
         if ref_attention is not None and src_words is not None:
@@ -402,7 +478,7 @@ def evaluate_workdir(
                     [*references[i].split(), "</s>"],
                     path(f"attention_{k}_reference.png"),
                     gold=gold[i] if gold is not None else None,
-                    title=f"{system}, {split} #{keep[i]}: reference (red: gold)",
+                    title=f"{system}, {split} #{keep[i]} ({note}): reference (red: gold)",
                 )
             )
     timings["write_s"] = time.perf_counter() - t0
@@ -420,6 +496,9 @@ def evaluate_workdir(
         "bleu_by_length": by_length.to_dict(),
         "no_unk": no_unk.to_dict(),
         "aer": None if aer is None else aer.to_dict(),
+        "aer_within_training_lengths": None if aer_within is None else aer_within.to_dict(),
+        "training_max_source_length": _training_source_length(loaded.config),
+        "heatmaps": picked,
         "options": {
             "beam_size": beam_size,
             "alpha": alpha,
@@ -443,6 +522,14 @@ def evaluate_workdir(
     ]
     if heatmaps:
         md.append("## Attention\n")
+        md.append(
+            "Sentences chosen as in the paper's Figure 3: the longest within the training lengths "
+            f"({train_length} source words) translated exactly, then one beyond them (the failure case).\n"
+        )
+        md += [
+            f"- `attention_{k}`: #{p['index']}, {p['words']} words, {p['kind']}" for k, p in enumerate(picked)
+        ]
+        md.append("")
         md += [f"![{os.path.basename(h)}]({os.path.basename(h)})\n" for h in heatmaps]
     files["evaluation.md"] = os.path.join(out_dir, "evaluation.md")
     files["evaluation.json"] = os.path.join(out_dir, "evaluation.json")

@@ -116,9 +116,25 @@ def test_heatmaps_are_valid_pngs_of_the_right_size(evaluated):
     _, out, r = evaluated
     srcs = _lines(os.path.join(out, "sources.txt"))
     refs = _lines(os.path.join(out, "references.txt"))
-    # Heatmap 0: the longest sentence of at most 40 source words.
-    longest = max((s for s in srcs if len(s.split()) <= 40), key=lambda s: len(s.split()))
-    k = srcs.index(longest)
+    hyps = _lines(os.path.join(out, "hypotheses.txt"))
+    # Heatmap 0 (Figure 3's rule): the longest sentence within the training lengths translated exactly, or, if
+    # none is, the longest within them; the last heatmap: the longest beyond them with at most 40 words.
+    limit = r["training_max_source_length"]
+    within = [k for k, s in enumerate(srcs) if len(s.split()) <= limit]
+    exact = [k for k in within if hyps[k].split() == refs[k].split()]
+    k = max(exact or within, key=lambda k: (len(srcs[k].split()), -k))
+    longest = srcs[k]
+    assert r["heatmaps"][0]["kind"] == ("correct" if exact else "within")
+    assert r["heatmaps"][0]["words"] == len(longest.split())
+    beyond = [k for k, s in enumerate(srcs) if limit < len(s.split()) <= 40]
+    if beyond:
+        last = max(beyond, key=lambda k: (len(srcs[k].split()), -k))
+        assert r["heatmaps"][-1] == {
+            "file": f"attention_{len(r['heatmaps']) - 1}.png",
+            "index": r["heatmaps"][-1]["index"],
+            "words": len(srcs[last].split()),
+            "kind": "beyond",
+        }
     w, h = _png_size(os.path.join(out, "attention_0_reference.png"))
     fw, fh = attention_figsize(len(longest.split()) + 1, len(refs[k].split()) + 1)
     assert (w, h) == (round(fw * 100), round(fh * 100))

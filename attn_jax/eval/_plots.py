@@ -48,7 +48,8 @@ def plot_attention(
 
     Source words run along the x axis (labels on top), target words down the y axis; cell ``(j, i)`` shows
     ``α_ji``, the weight of source word ``i`` when producing target word ``j``, in grayscale with black = 0 and
-    white = 1 (fixed range, so pictures are comparable). Gold links ``(i, j)`` are drawn as hollow red squares.
+    white = 1 (fixed range, so pictures are comparable), with a colour bar and the axes titled "source words" /
+    "target words". Gold links ``(i, j)`` are drawn as hollow red squares.
 
     Args:
       weights: attention weights ``[T, S]`` in [0, 1] (pass the sub-matrix of the words you label, e.g. with
@@ -73,11 +74,17 @@ def plot_attention(
         )
     links = sorted(_as_gold(gold, "gold", s, t).possible) if gold is not None else []
     fig, ax = _figure(figsize or attention_figsize(s, t), dpi)
-    ax.imshow(w, cmap="gray", vmin=0.0, vmax=1.0, interpolation="nearest", aspect="auto")
+    image = ax.imshow(w, cmap="gray", vmin=0.0, vmax=1.0, interpolation="nearest", aspect="auto")
     ax.set_xticks(range(s), list(source_words), rotation=90, fontsize=8)
     ax.set_yticks(range(t), list(target_words), fontsize=8)
     ax.xaxis.tick_top()
+    ax.xaxis.set_label_position("top")
+    ax.set_xlabel("source words", fontsize=8)
+    ax.set_ylabel("target words", fontsize=8)
     ax.tick_params(length=0)
+    bar = ax.figure.colorbar(image, ax=ax, fraction=0.04, pad=0.02)
+    bar.set_label("attention weight α", fontsize=8)
+    bar.ax.tick_params(labelsize=7)
     if links:
         xs, ys = zip(*links, strict=True)
         ax.scatter(xs, ys, s=40, marker="s", facecolors="none", edgecolors="tab:red", linewidths=1.0)
