@@ -1,5 +1,6 @@
 """experiments/bahdanau2015/run.py: the smoke run trains all three systems and writes a report with every section filled."""
 
+import json
 import os
 import re
 import subprocess
@@ -13,8 +14,10 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 SECTIONS = (
     "## BLEU by source sentence length",
     "## Overall BLEU, No-UNK BLEU, AER",
-    "## RNNsearch attention on long test sentences",
-    "## Transformer cross-attention on the same sentences",
+    "## The paper's findings, checked on this run",
+    "## This run against the seed study",
+    "## RNNsearch attention on test sentences (Figure 3)",
+    "## Transformer cross-attention on test sentences",
     "## Wall times",
     "## Seeds",
     "## Configs",
@@ -80,19 +83,42 @@ def test_smoke_run_writes_a_complete_report(tmp_path):
     assert enc and search and transformer
     assert 0.0 <= float(search.group(2)) <= 100.0 and 0.0 <= float(transformer.group(2)) <= 100.0
 
-    # Every linked picture exists and is a PNG: the BLEU-by-length plot and three RNNsearch heatmaps.
+    # The three findings are checked (a smoke model need not hold them) and stated with their evidence; a smoke
+    # run has no range check, and says why.
+    found = sections["## The paper's findings, checked on this run"]
+    rows = re.findall(r"^\| (RNNsearch[^|]*) \| (yes|\*\*no\*\*) \| (.+) \|$", found, re.M)
+    assert [r[0] for r in rows] == [
+        "RNNsearch beats RNNenc in every length bucket",
+        "RNNsearch degrades less with length",
+        "RNNsearch's attention is an alignment",
+    ]
+    assert "gold hit" in rows[2][2] and "AER within the training" in rows[2][2]
+    assert "No range check: a smoke run" in sections["## This run against the seed study"]
+    results = json.loads((out / "results.json").read_text())
+    assert [f["name"] for f in results["findings"]] == [r[0] for r in rows]
+    assert results["systems"]["RNNsearch"]["gold_hit"] is not None
+    assert set(results["systems"]["RNNsearch"]["bleu_by_bucket"]) >= {"0-9", "60+"}
+
+    # Every linked picture exists and is a PNG: the BLEU-by-length plot and the heatmaps evaluate picked by the
+    # Figure 3 rule (smoke models translate nothing exactly: the longest within the training lengths, 14 words,
+    # fill in, then one beyond them), each with its caption.
     links = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", text)
     assert "bleu_by_length.png" in links
-    heatmaps = re.findall(
-        r"!\[[^\]]*\]\(([^)]+)\)", sections["## RNNsearch attention on long test sentences"]
+    picks = json.loads((out / "rnnsearch_cpu" / "eval" / "test" / "evaluation.json").read_text())["heatmaps"]
+    assert [p["kind"] for p in picks][-1] == "beyond" and all(p["words"] > 14 for p in picks[-1:])
+    assert (
+        all(p["kind"] in ("correct", "within") and p["words"] <= 14 for p in picks[:-1]) and len(picks) >= 2
     )
-    assert len(heatmaps) == 3 and all("rnnsearch" in h and "attention_" in h for h in heatmaps)
+    fig3 = sections["## RNNsearch attention on test sentences (Figure 3)"]
+    heatmaps = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", fig3)
+    assert len(heatmaps) == len(picks) and all("rnnsearch" in h and "attention_" in h for h in heatmaps)
+    assert fig3.count("(the failure case)") == 1 and "at most 14 source words" in fig3
     # The Transformer's: per sentence, the head average and one head.
     tf_maps = re.findall(
-        r"!\[[^\]]*\]\(([^)]+)\)", sections["## Transformer cross-attention on the same sentences"]
+        r"!\[[^\]]*\]\(([^)]+)\)", sections["## Transformer cross-attention on test sentences"]
     )
-    assert len(tf_maps) == 6 and all("transformer" in h for h in tf_maps)
-    assert sum(h.endswith("_head.png") for h in tf_maps) == 3
+    assert all("transformer" in h for h in tf_maps) and len(tf_maps) >= 4
+    assert sum(h.endswith("_head.png") for h in tf_maps) == len(tf_maps) // 2
     for link in links:
         assert _is_png(out / link), link
 

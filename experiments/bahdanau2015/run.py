@@ -29,7 +29,12 @@ import sys
 import time
 from collections.abc import Sequence
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+RANGES = os.path.join(HERE, "seed_ranges.json")
+sys.path.insert(0, HERE)
+import findings as fd  # noqa: E402  (the experiment's own analysis, beside this file)
+
 SYSTEMS = (("RNNenc", "rnnenc_cpu"), ("RNNsearch", "rnnsearch_cpu"), ("Transformer", "transformer_cpu"))
 PACKAGES = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "sacrebleu", "numpy", "attn-jax")
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -115,6 +120,93 @@ def _rel(path: str, start: str) -> str:
     return os.path.relpath(path, start).replace(os.sep, "/")
 
 
+def run_numbers(run: dict) -> dict:
+    """One system's headline numbers: BLEU per bucket and overall, AER (all, within the training lengths) and,
+    for attention models, the validation gold-hit rate at the checkpoint evaluated."""
+    ev = run["eval"]
+    buckets = {b["bucket"]: (b["bleu"] if b["sentences"] else None) for b in ev["bleu_by_length"]["buckets"]}
+    out = {
+        "bleu": ev["bleu"],
+        "bleu_by_bucket": {k: (None if v is None or v != v else v) for k, v in buckets.items()},
+        "step": ev["step"],
+        "best_step": run["trained"].best_step,
+    }
+    if ev.get("aer") is not None:
+        out["aer"] = ev["aer"]["aer"]
+    if ev.get("aer_within_training_lengths") is not None:
+        out["aer_within"] = ev["aer_within_training_lengths"]["aer"]
+    hit = validation_at(run["workdir"], ev["step"]).get("attn_gold_hit")
+    if hit is not None:
+        out["gold_hit"] = hit
+    return out
+
+
+def validation_at(workdir: str, step: int) -> dict:
+    """The validation record of ``step`` in the run's metrics.jsonl (empty if there is none)."""
+    found = {}
+    with open(os.path.join(workdir, "metrics.jsonl"), encoding="utf-8") as f:
+        for line in f:
+            rec = json.loads(line)
+            if rec.get("split") == "validation" and rec.get("step") == step:
+                found = rec
+    return found
+
+
+def load_ranges(args: argparse.Namespace) -> dict | None:
+    """The seed study's ranges (``seed_ranges.json``), or None for smoke runs, other budgets, or none written."""
+    if args.smoke or args.set or not os.path.exists(RANGES):
+        return None
+    with open(RANGES, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def findings_markdown(checks, numbers, ranges, args) -> list[str]:
+    """The report's findings and range-check sections."""
+    md = ["## The paper's findings, checked on this run\n", "| finding | holds | evidence |", "|---|---|---|"]
+    md += [f"| {c.name} | {'yes' if c.holds else '**no**'} | {c.detail} |" for c in checks]
+    md += ["", "Thresholds fixed before the seed study was run (experiments/bahdanau2015/findings.py)."]
+    if ranges is not None:
+        held = ranges.get("findings_held", {})
+        md[-1] += " In the seed study (experiments/bahdanau2015/README.md): " + "; ".join(
+            f"{n}: {k} of {ranges['runs']} runs" for n, k in held.items()
+        )
+    md += ["", "## This run against the seed study\n"]
+    if ranges is None:
+        why = (
+            "a smoke run"
+            if args.smoke
+            else "the configs were overridden (--set)"
+            if args.set
+            else f"no seed study is recorded ({os.path.relpath(RANGES, REPO)} is missing)"
+        )
+        return [*md, f"No range check: {why}.\n"]
+    study = ranges["ranges"]
+    md += [
+        f"Expected range: the seed study's mean ± 3 sd, widened to its min-max ({ranges['runs']} runs: seeds "
+        f"{ranges['seeds']} under XLA CPU code paths {ranges['code_paths']}; "
+        f"`{ranges['command']}`). A number outside it means this machine or version behaves differently "
+        "from the study's: worth a look before drawing conclusions.\n",
+        "| number | this run | study mean ± sd (min-max) | expected range | inside |",
+        "|---|---:|---|---|---|",
+    ]
+    for name, value, lo, hi, inside in fd.range_check(numbers, study):
+        if inside is None:
+            md.append(f"| {name} | {value:.2f} | — | not in the study | — |")
+            continue
+        r = study[name]
+        md.append(
+            f"| {name} | {value:.2f} | {r['mean']:.2f} ± {r['sd']:.2f} ({r['min']:.2f}-{r['max']:.2f}) | "
+            f"{lo:.2f} to {hi:.2f} | {'yes' if inside else '**no**'} |"
+        )
+    outside = [n for n, _, _, _, inside in fd.range_check(numbers, study) if inside is False]
+    md += [
+        "",
+        f"{len(outside)} of {sum(1 for *_, i in fd.range_check(numbers, study) if i is not None)} numbers "
+        "outside the expected range" + (f": {', '.join(outside)}." if outside else ".") + "\n",
+    ]
+    return md
+
+
 def run_experiment(args: argparse.Namespace) -> str:
     """Train, evaluate and report; returns the path of report.md."""
     from attn_jax import eval as ev
@@ -157,6 +249,23 @@ def run_experiment(args: argparse.Namespace) -> str:
             "eval_s": eval_s,
         }
 
+    results = {s: run_numbers(r) for s, r in runs.items()}
+    checks = fd.check_findings(results)
+    numbers = fd.headline(results)
+    ranges = load_ranges(args)
+    with open(os.path.join(out, "results.json"), "w", encoding="utf-8") as f:
+        json.dump(
+            {
+                "systems": results,
+                "findings": [c._asdict() for c in checks],
+                "headline": numbers,
+                "seeds": {s: r["config"].seed for s, r in runs.items()},
+                "xla_flags": os.environ.get("XLA_FLAGS", ""),
+            },
+            f,
+            indent=1,
+            allow_nan=False,
+        )
     by_length = {s: r["eval"]["bleu_by_length_result"] for s, r in runs.items()}
     scores = {s: r["eval"]["system_scores"] for s, r in runs.items()}
     plot = ev.plot_bleu_by_length(
@@ -184,23 +293,39 @@ def run_experiment(args: argparse.Namespace) -> str:
             "teacher-forced on the reference (each reference word linked to its most-attended source word)."
         )
     md.append("")
+    md += findings_markdown(checks, numbers, ranges, args)
     for system, caption in (
-        ("RNNsearch", "RNNsearch attention on long test sentences (Figure 3)"),
-        ("Transformer", "Transformer cross-attention on the same sentences (last decoder layer)"),
+        ("RNNsearch", "RNNsearch attention on test sentences (Figure 3)"),
+        ("Transformer", "Transformer cross-attention on test sentences (last decoder layer)"),
     ):
         if system not in runs:
             continue
         files = runs[system]["eval"]["files"]
         md.append(f"## {caption}\n")
+        picks = runs[system]["eval"].get("heatmaps", [])
+        limit = runs[system]["eval"].get("training_max_source_length")
+        md.append(
+            "Chosen as the paper's Figure 3 is (`attn_jax.cli_evaluate.figure3_examples`): the longest test "
+            f"sentences within the training lengths (at most {limit} source words) that this system translates "
+            "exactly, then one sentence beyond the training lengths as the failure case. Each picture shows the "
+            "attention while the system produced its own translation (rows: target words, columns: source words, "
+            "white = weight 1).\n"
+        )
         if system == "Transformer":
             md.append(
                 "Left: the mean of the heads (what beam search and AER use); right: the single head with the "
                 "sharpest attention (lowest mean entropy) on the same translation.\n"
             )
         shown = False
-        for k in range(3):
+        for k, pick in enumerate(picks):
             pics = [files[f] for f in (f"attention_{k}.png", f"attention_{k}_head.png") if f in files]
             if pics:
+                kind = {
+                    "correct": "translated exactly",
+                    "within": "within the training lengths but **not** translated exactly (too few exact ones)",
+                    "beyond": "**beyond the training lengths** (the failure case)",
+                }[pick["kind"]]
+                md.append(f"Test sentence #{pick['index']}, {pick['words']} words, {kind}:\n")
                 md.append(" ".join(f"![{os.path.basename(h)}]({_rel(h, out)})" for h in pics) + "\n")
                 shown = True
         if not shown:

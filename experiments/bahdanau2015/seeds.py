@@ -1,0 +1,205 @@
+"""The seed study: the demo's RNNenc / RNNsearch recipe under several training seeds and XLA CPU code paths.
+
+    python experiments/bahdanau2015/seeds.py                                  # 5 seeds x 2 code paths -> runs/seeds
+    python experiments/bahdanau2015/seeds.py --seeds 0,1 --code-paths default --out /tmp/s   # a subset
+    python experiments/bahdanau2015/seeds.py --write-ranges experiments/bahdanau2015/seed_ranges.json
+
+Each (code path, seed) is one ``run.py --systems RNNenc,RNNsearch --set seed=K`` in a subprocess whose
+``XLA_FLAGS`` selects the code path (``default``: whatever the CPU offers; ``AVX2``: ``--xla_cpu_max_isa=AVX2``,
+as on a CPU without AVX-512); ``--jobs N`` runs N at once, each pinned to its own core. A run already finished
+in ``--out`` (its ``results.json`` exists) is reused, so an interrupted study continues where it stopped.
+
+Writes ``<out>/seed_study.md`` (every run's row, then mean ± sd (min-max) per number and whether each finding
+held in every run) and ``<out>/seed_study.json``; ``--write-ranges`` also writes the ranges ``run.py``'s report
+checks a run against. The corpus (``data.synthetic_spec.seed``) stays fixed: the seed varies parameter
+initialisation and batch order, the code path the rounding.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+import findings as fd  # noqa: E402
+
+CODE_PATHS = {"default": "", "AVX2": "--xla_cpu_max_isa=AVX2", "SSE4_2": "--xla_cpu_max_isa=SSE4_2"}
+ROWS = (
+    ("RNNenc", "BLEU all"),
+    ("RNNsearch", "BLEU all"),
+    ("RNNsearch", "BLEU 0-9"),
+    ("RNNsearch", "BLEU 20-29"),
+    ("RNNsearch", "BLEU 40-49"),
+    ("RNNsearch", "gold hit"),
+    ("RNNsearch", "AER within training lengths"),
+    ("RNNsearch", "AER"),
+)
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--seeds", default="0,1,2,3,4", help="training seeds (default: %(default)s)")
+    p.add_argument(
+        "--code-paths", default="default,AVX2", help=f"XLA CPU code paths among {', '.join(CODE_PATHS)}"
+    )
+    p.add_argument("--out", default="runs/seeds", help="output directory (default: %(default)s)")
+    p.add_argument("--jobs", type=int, default=1, help="runs at once, each pinned to one core (default: 1)")
+    p.add_argument("--write-ranges", metavar="PATH", help="also write the ranges run.py checks against")
+    args = p.parse_args(argv)
+    try:
+        args.seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
+    except ValueError:
+        p.error(f"--seeds: expected comma-separated integers, got {args.seeds!r}")
+    args.code_paths = [c.strip() for c in args.code_paths.split(",") if c.strip()]
+    bad = [c for c in args.code_paths if c not in CODE_PATHS]
+    if bad or not args.code_paths or not args.seeds:
+        p.error(f"--code-paths: unknown {bad!r}; choose from {', '.join(CODE_PATHS)}")
+    if args.jobs < 1:
+        p.error("--jobs must be >= 1")
+    return args
+
+
+def _command(out_dir: str, seed: int) -> list[str]:
+    run = os.path.join(HERE, "run.py")
+    return [sys.executable, run, "--systems", "RNNenc,RNNsearch", "--set", f"seed={seed}", "--out", out_dir]
+
+
+def run_all(args) -> list[dict]:
+    """Run every missing (code path, seed) and return every run's results.json, with its key."""
+    todo, done = [], []
+    for path in args.code_paths:
+        for seed in args.seeds:
+            d = os.path.join(os.path.abspath(args.out), path, f"seed{seed}")
+            (done if os.path.exists(os.path.join(d, "results.json")) else todo).append((path, seed, d))
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    running: list[tuple] = []
+    free = list(range(args.jobs))
+    while todo or running:
+        while todo and free:
+            slot = free.pop(0)
+            path, seed, d = todo.pop(0)
+            os.makedirs(d, exist_ok=True)
+            env = dict(os.environ)
+            env["XLA_FLAGS"] = CODE_PATHS[path]
+            pin = {cores[slot % len(cores)]} if cores and args.jobs > 1 else None
+            log = open(os.path.join(d, "run.log"), "w", encoding="utf-8")  # noqa: SIM115
+            proc = subprocess.Popen(
+                _command(d, seed),
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=REPO,
+                preexec_fn=(lambda p=pin: os.sched_setaffinity(0, p)) if pin else None,
+            )
+            print(f"started {path} seed {seed} -> {d}" + (f" (core {min(pin)})" if pin else ""), flush=True)
+            running.append((proc, log, slot, path, seed, d, time.perf_counter()))
+        time.sleep(5)
+        for item in list(running):
+            proc, log, slot, path, seed, d, t0 = item
+            if proc.poll() is None:
+                continue
+            running.remove(item)
+            log.close()
+            free.append(slot)
+            status = "done" if proc.returncode == 0 else f"FAILED (exit {proc.returncode}, see {d}/run.log)"
+            print(f"{status}: {path} seed {seed} in {time.perf_counter() - t0:.0f} s", flush=True)
+            if proc.returncode == 0:
+                done.append((path, seed, d))
+    out = []
+    for path, seed, d in sorted(done, key=lambda x: (args.code_paths.index(x[0]), x[1])):
+        with open(os.path.join(d, "results.json"), encoding="utf-8") as f:
+            out.append({"code_path": path, "seed": seed, "dir": d, **json.load(f)})
+    return out
+
+
+def study_markdown(runs: list[dict], command: str) -> tuple[str, dict]:
+    """The seed-study tables, and the ranges (``{number: summarize(...)}``) of every headline number."""
+    names = [f.name for f in fd.check_findings(runs[0]["systems"])]
+    head = [f"{s} {w}" for s, w in ROWS]
+    md = [
+        "| code path | seed | "
+        + " | ".join(head)
+        + " | "
+        + " | ".join(f"finding {k + 1}" for k in range(len(names)))
+        + " |",
+        "|---|---:|" + "---:|" * len(head) + "---|" * len(names),
+    ]
+    for r in runs:
+        vals = [r["headline"].get(h) for h in head]
+        held = {f["name"]: f["holds"] for f in r["findings"]}
+        md.append(
+            f"| {r['code_path']} | {r['seed']} | "
+            + " | ".join("—" if v is None else _fmt(h, v) for h, v in zip(head, vals, strict=True))
+            + " | "
+            + " | ".join("yes" if held.get(n) else "**no**" for n in names)
+            + " |"
+        )
+    keys = sorted({k for r in runs for k in r["headline"]})
+    ranges = {k: fd.summarize([r["headline"][k] for r in runs if k in r["headline"]]) for k in keys}
+    md += ["", "| number | mean ± sd (min-max) over all runs |", "|---|---|"]
+    for h in head:
+        if h in ranges:
+            r = ranges[h]
+            md.append(
+                f"| {h} | {_fmt(h, r['mean'])} ± {_fmt(h, r['sd'])} ({_fmt(h, r['min'])}-{_fmt(h, r['max'])}) |"
+            )
+    md += ["", "| finding | runs in which it held |", "|---|---|"]
+    for n in names:
+        k = sum(1 for r in runs for f in r["findings"] if f["name"] == n and f["holds"])
+        md.append(f"| {n} | {k} of {len(runs)} |")
+    md += ["", f"Command: `{command}`"]
+    return "\n".join(md) + "\n", ranges
+
+
+def _fmt(name: str, v: float) -> str:
+    return f"{100 * v:.1f}%" if ("AER" in name or "gold hit" in name) else f"{v:.2f}"
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    runs = run_all(args)
+    if not runs:
+        print("no finished run", file=sys.stderr)
+        return 1
+    command = "python experiments/bahdanau2015/seeds.py " + " ".join(
+        [f"--seeds {','.join(map(str, args.seeds))}", f"--code-paths {','.join(args.code_paths)}"]
+    )
+    md, ranges = study_markdown(runs, command)
+    out = os.path.abspath(args.out)
+    with open(os.path.join(out, "seed_study.md"), "w", encoding="utf-8") as f:
+        f.write(md)
+    with open(os.path.join(out, "seed_study.json"), "w", encoding="utf-8") as f:
+        json.dump({"runs": runs, "ranges": ranges}, f, indent=1)
+    print(md)
+    if args.write_ranges:
+        with open(args.write_ranges, "w", encoding="utf-8") as f:
+            json.dump(
+                {
+                    "command": command,
+                    "runs": len(runs),
+                    "seeds": sorted({r["seed"] for r in runs}),
+                    "code_paths": sorted({r["code_path"] for r in runs}),
+                    "ranges": ranges,
+                    "findings_held": {
+                        f["name"]: sum(
+                            1 for r in runs for g in r["findings"] if g["name"] == f["name"] and g["holds"]
+                        )
+                        for f in runs[0]["findings"]
+                    },
+                },
+                f,
+                indent=1,
+                sort_keys=True,
+            )
+        print(f"ranges written to {args.write_ranges}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,136 @@
+"""experiments/bahdanau2015/findings.py (the demo's three findings, the seed study's ranges) and the Figure 3
+heatmap rule of ``attn-jax evaluate``, on hand-made cases."""
+
+import doctest
+import importlib.util
+import os
+
+import numpy as np
+import pytest
+
+from attn_jax.cli_evaluate import HeatmapPick, figure3_examples
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_spec = importlib.util.spec_from_file_location(
+    "findings", os.path.join(REPO, "experiments", "bahdanau2015", "findings.py")
+)
+fd = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(fd)
+
+BUCKETS = ("0-9", "10-19", "20-29", "30-39", "40-49", "50-59", "60+")
+
+
+def _systems(enc, att, gold_hit=0.8, aer_within=0.2):
+    return {
+        "RNNenc": {"bleu_by_bucket": dict(zip(BUCKETS, enc, strict=True))},
+        "RNNsearch": {
+            "bleu_by_bucket": dict(zip(BUCKETS, att, strict=True)),
+            "gold_hit": gold_hit,
+            "aer_within": aer_within,
+        },
+    }
+
+
+GOOD_ENC = (15.0, 5.0, 1.4, 2.0, 0.9, 0.9, 1.7)
+GOOD_ATT = (95.0, 96.0, 75.0, 72.0, 46.0, 34.0, 21.0)
+
+
+def test_doctests():
+    assert doctest.testmod(fd).failed == 0
+
+
+def test_all_three_findings_hold_on_the_documented_run():
+    got = fd.check_findings(_systems(GOOD_ENC, GOOD_ATT))
+    assert [f.holds for f in got] == [True, True, True]
+    # share kept at 20-29: 75/95 = 0.79 vs 1.4/15 = 0.09; beyond: mean(72, 46, 34, 21)/95 = 0.457 vs 0.092
+    assert "RNNsearch 0.79 vs RNNenc 0.09" in got[1].detail and "0.46 vs 0.09" in got[1].detail
+
+
+def test_finding_1_fails_on_one_lost_bucket_and_names_it():
+    att = list(GOOD_ATT)
+    att[6] = 1.5  # RNNenc has 1.7 at 60+
+    f = fd.check_findings(_systems(GOOD_ENC, att))[0]
+    assert not f.holds and "6 of 7" in f.detail and "60+" in f.detail
+    att[6] = 1.7  # a tie is not "beats"
+    assert not fd.check_findings(_systems(GOOD_ENC, att))[0].holds
+
+
+def test_finding_1_skips_empty_buckets():
+    enc, att = list(GOOD_ENC), list(GOOD_ATT)
+    enc[5] = att[5] = None
+    f = fd.check_findings(_systems(enc, att))[0]
+    assert f.holds and "6 of 6" in f.detail
+
+
+def test_finding_2_needs_both_shares_larger():
+    # RNNsearch keeps less of its short-sentence BLEU within the training lengths: 20/95 < 1.4/5 = 0.28.
+    enc = (5.0, 3.0, 1.4, 0.5, 0.2, 0.1, 0.1)
+    att = (95.0, 60.0, 20.0, 15.0, 10.0, 5.0, 1.0)
+    f = fd.check_findings(_systems(enc, att))[1]
+    assert not f.holds and "RNNsearch 0.21 vs RNNenc 0.28" in f.detail
+    # ... or beyond them: mean(0.3, 0.3, 0.3, 0.3)/95 vs mean(2, 2, 2, 2)/15.
+    att = (95.0, 90.0, 80.0, 0.3, 0.3, 0.3, 0.3)
+    enc = (15.0, 5.0, 1.0, 2.0, 2.0, 2.0, 2.0)
+    assert not fd.check_findings(_systems(enc, att))[1].holds
+
+
+@pytest.mark.parametrize(
+    ("gold_hit", "aer", "holds"),
+    [(0.7, 0.3, True), (0.69, 0.2, False), (0.9, 0.31, False), (None, 0.1, False)],
+)
+def test_finding_3_thresholds(gold_hit, aer, holds):
+    assert fd.check_findings(_systems(GOOD_ENC, GOOD_ATT, gold_hit, aer))[2].holds is holds
+
+
+def test_summarize_matches_numpy_and_widens_to_min_max():
+    rng = np.random.default_rng(3)
+    x = list(rng.normal(40.0, 2.5, size=7))
+    r = fd.summarize(x)
+    assert r["mean"] == pytest.approx(np.mean(x), rel=1e-12)
+    assert r["sd"] == pytest.approx(np.std(x, ddof=1), rel=1e-12)
+    assert (r["min"], r["max"], r["n"]) == (min(x), max(x), 7)
+    assert r["lo"] == pytest.approx(np.mean(x) - 3 * np.std(x, ddof=1))
+    # An outlier beyond 3 sd of the rest still lies inside the range it belongs to.
+    y = [0.0] * 19 + [1.0]
+    r = fd.summarize(y)
+    assert r["hi"] == 1.0 and r["lo"] == pytest.approx(0.05 - 3 * np.std(y, ddof=1))
+    assert fd.summarize([2.0]) == {
+        "mean": 2.0,
+        "sd": 0.0,
+        "min": 2.0,
+        "max": 2.0,
+        "n": 1,
+        "lo": 2.0,
+        "hi": 2.0,
+    }
+
+
+def test_range_check_flags_numbers_outside():
+    ranges = {"x": {"lo": 1.0, "hi": 2.0}}
+    assert fd.range_check({"x": 2.0}, ranges) == [("x", 2.0, 1.0, 2.0, True)]
+    assert fd.range_check({"x": 2.01}, ranges)[0][-1] is False
+    assert fd.range_check({"y": 0.0}, ranges)[0][-1] is None
+
+
+def test_figure3_prefers_exact_translations_within_the_training_lengths():
+    w = lambda n: " ".join(["w"] * n)
+    src = [w(5), w(12), w(30), w(31), w(45), w(20), w(12)]
+    ref = ["a b", "c d", "e f", "g", "h", "i", "j"]
+    hyp = ["a b", "c d", "e", "g", "h", "i", "j"]  # #2 (30 words) is wrong; #3 and #4 are beyond 30 words
+    got = figure3_examples(src, hyp, ref, count=3, within_length=30, max_length=40)
+    assert got == [
+        HeatmapPick(5, "correct"),  # 20 words
+        HeatmapPick(1, "correct"),  # 12 words, corpus order before #6
+        HeatmapPick(6, "correct"),
+        HeatmapPick(3, "beyond"),  # the longest beyond 30 with at most 40 words (not the 45-word #4)
+    ]
+    # Too few exact ones: the longest remaining within the lengths fill in, marked as not exact.
+    got = figure3_examples(src, hyp, ref, count=5, within_length=30, max_length=40)
+    assert [p.kind for p in got] == ["correct"] * 4 + ["within", "beyond"]
+    assert got[4].index == 2
+    # No training limit known: no "beyond" picture; no heatmaps asked: none at all.
+    assert all(
+        p.kind != "beyond"
+        for p in figure3_examples(src, hyp, ref, count=2, within_length=None, max_length=50)
+    )
+    assert figure3_examples(src, hyp, ref, count=0, within_length=30, max_length=40) == []
