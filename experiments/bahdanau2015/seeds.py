@@ -73,8 +73,8 @@ def _command(out_dir: str, seed: int) -> list[str]:
 def run_all(args) -> list[dict]:
     """Run every missing (code path, seed) and return every run's results.json, with its key."""
     todo, done = [], []
-    for path in args.code_paths:
-        for seed in args.seeds:
+    for seed in args.seeds:  # seeds outermost, so that a partial study already covers every code path
+        for path in args.code_paths:
             d = os.path.join(os.path.abspath(args.out), path, f"seed{seed}")
             (done if os.path.exists(os.path.join(d, "results.json")) else todo).append((path, seed, d))
     cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
