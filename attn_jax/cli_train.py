@@ -16,14 +16,26 @@ Every config field can be overridden with ``--config.<key>=<value>`` (or ``--con
 is parsed as the field's type (``true``/``false`` for booleans, ``16,32`` for tuples). The workdir receives
 ``checkpoints/``, ``vocab/``, ``metrics.jsonl``, ``tensorboard/`` and ``config.json``.
 
-Exit status: 0 done; 1 the corpus cannot be read or the machine ran out of memory; 2 a bad flag, config file,
-key or value (one line on stderr, no traceback); 3 training diverged (NaN/inf loss; nothing saved after the last
-good checkpoint); 4 the processes of a multi-process run could not join or a peer failed; 130 interrupted.
+Exit status (every failure is one line on stderr, no traceback): 0 done; 1 the corpus cannot be read, the
+workdir cannot be created or written (a file in its place or in its path, read-only, no permission), a
+checkpoint cannot be written (a full disk: the failed save is reported as soon as it fails, the last good
+checkpoint is left intact), no checkpoint can be read on ``--resume``, or the machine ran out of memory; 2 a bad
+flag, config file (including one whose ``get_config`` raises), key or value, found before anything is trained;
+3 training diverged (NaN/inf loss; nothing saved after the last good checkpoint); 4 the processes of a
+multi-process run could not join or a peer failed; 130 interrupted.
+
+``--resume`` restores the newest checkpoint that can be read. A newer one that cannot (a truncated or deleted
+file) is moved to ``<workdir>/damaged-checkpoints/<step>`` (kept, never deleted, so the resumed run's own saves
+cannot collide with it) and a warning line names it, the reason and the step resumed from.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import gc
+import logging
+import os
 import sys
 
 _PREFIX = "--config."
@@ -60,8 +72,8 @@ def add_train_parser(subparsers) -> argparse.ArgumentParser:
             "--config.optimizer.name=adam --config.data.bucket_boundaries=16,32); see configs/*.py and "
             "attn_jax/train/_config.py for the schema. A config file is PATH.py or PATH.py:VARIANT (e.g. "
             ":smoke). Set JAX_COMPILATION_CACHE_DIR to reuse compiled steps across runs. Exit status: 0 done, "
-            "1 corpus or memory error, 2 bad flag/config, 3 diverged (NaN/inf), 4 multi-process failure, "
-            "130 interrupted."
+            "1 corpus, workdir, checkpoint or memory error, 2 bad flag/config, 3 diverged (NaN/inf), "
+            "4 multi-process failure, 130 interrupted."
         ),
     )
     p.add_argument(
@@ -129,6 +141,41 @@ def _error(message: str, status: int) -> int:
     return status
 
 
+class _NotOrbaxNoise(logging.Filter):
+    """Drops orbax's ERROR records and asyncio's "exception was never retrieved" ones (a traceback per background
+    thread or array when a save or restore fails): every orbax failure reaches the trainer as an exception,
+    reported in one line with its exit status."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno >= logging.ERROR and f"{os.sep}orbax{os.sep}" in record.pathname:
+            return False
+        return "exception was never retrieved" not in record.getMessage()
+
+
+@contextlib.contextmanager
+def _orbax_noise_quieted():
+    """While training, keep the tracebacks orbax and TensorStore print when a checkpoint write fails (a full
+    disk) off stderr; the failure itself is raised and reported in one line."""
+    quiet = _NotOrbaxNoise()
+    loggers = [logging.getLogger("absl"), logging.getLogger("asyncio")]
+    for logger in loggers:
+        logger.addFilter(quiet)
+    previous = sys.unraisablehook
+
+    def unraisable(u):  # TensorStore callbacks into orbax's event loop after it closed on the failed write
+        if not (isinstance(u.exc_value, RuntimeError) and str(u.exc_value) == "Event loop is closed"):
+            previous(u)
+
+    sys.unraisablehook = unraisable
+    try:
+        yield
+    finally:
+        gc.collect()  # the failed write's tasks report "never retrieved" when collected: while the filter is on
+        sys.unraisablehook = previous
+        for logger in loggers:
+            logger.removeFilter(quiet)
+
+
 def run_train(args: argparse.Namespace) -> int:
     """Run ``attn-jax train`` with parsed arguments; returns the exit status."""
     import jax  # lazy: `attn-jax --help` and `attn-jax data` stay fast
@@ -156,8 +203,11 @@ def run_train(args: argparse.Namespace) -> int:
 
     from attn_jax.data import CorpusError
     from attn_jax.train import (
+        CheckpointSaveError,
+        CheckpointUnreadable,
         ConfigError,
         TrainingDiverged,
+        WorkdirError,
         apply_overrides,
         check_config,
         load_config,
@@ -168,13 +218,19 @@ def run_train(args: argparse.Namespace) -> int:
         config = apply_overrides(load_config(args.config), args.overrides)
         check_config(config)
         tty = {"auto": None, "bar": True, "lines": False}[args.progress]
-        result = train_and_evaluate(config, args.workdir, resume=args.resume, tty=tty)
+        with _orbax_noise_quieted():
+            result = train_and_evaluate(config, args.workdir, resume=args.resume, tty=tty)
     except ConfigError as e:
         return _error(e, 2)
     except CorpusError as e:
         return _error(e, 1)
     except TrainingDiverged as e:
         return _error(e, 3)
+    except (WorkdirError, CheckpointSaveError, CheckpointUnreadable) as e:
+        return _error(e, 1)
+    except OSError as e:  # any other file the run writes (metrics, vocabularies, TensorBoard): a full disk
+        where = f"{e.filename}: " if e.filename else ""
+        return _error(f"{where}{e.strerror or e}", 1)
     except (MemoryError, jax.errors.JaxRuntimeError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         if isinstance(e, MemoryError) or "RESOURCE_EXHAUSTED" in first or "memory" in first.lower():

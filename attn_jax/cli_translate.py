@@ -12,7 +12,9 @@ end at ``\\n`` only, as in the corpus reader (``\\r\\n`` works too); any other l
 line (``\\r``, ``\\f``, ``\\v``, ``\\x1c``-``\\x1e``, ``\\x85``, U+2028, U+2029) is whitespace between tokens. The
 checkpoint is the run's best one by validation loss (``--checkpoint best``, the default; the latest, with a
 warning on stderr, when no kept checkpoint has been evaluated), the latest (``last``) or a given step; the
-vocabularies are the run's own (``workdir/vocab``).
+vocabularies are the run's own (``workdir/vocab``). A best or latest checkpoint that cannot be read (a truncated
+or deleted file) is skipped for the next best or newest one that loads, with a warning on stderr naming the
+damaged step; when none loads, or the step asked for cannot be read, the error names each step and why.
 
 Output formats:
 
@@ -34,8 +36,8 @@ when it was produced (Luong et al. 2015, "Addressing the Rare Word Problem in Ne
 with attention as the alignment, as in Jean et al. 2015): useful for names and numbers copied verbatim. It
 needs a model with attention and word-level vocabularies (otherwise ``<unk>`` stays).
 
-Exit status: 0 done; 1 a missing workdir, checkpoint or vocabulary, an unreadable or empty input (one line on
-stderr, no traceback); 2 a bad flag.
+Exit status: 0 done; 1 a missing workdir, checkpoint or vocabulary, no checkpoint that can be read, an
+unreadable or empty input (one line on stderr, no traceback); 2 a bad flag.
 """
 
 from __future__ import annotations
@@ -126,15 +128,18 @@ def load_model(workdir: str | os.PathLike, checkpoint: str | int = "best") -> Lo
     """Restore the model of a training run: its checkpoint (``best``, ``last`` or a step), vocabularies, config.
 
     ``best`` falls back to the latest finished checkpoint when none of the kept ones has validation metrics
-    (a run stopped before its first evaluation); :attr:`LoadedModel.note` then says so, for the caller to print.
+    (a run stopped before its first evaluation), and ``best``/``last`` to the next best/newest checkpoint that
+    loads when theirs cannot be read (a truncated or deleted file); :attr:`LoadedModel.note` then says so, for
+    the caller to print.
 
     Raises:
-      TranslateError: no such workdir, no (such) checkpoint, missing vocabularies or an unusable config.
+      TranslateError: no such workdir, no (such) checkpoint, none that can be read (or the step asked for
+        cannot be), missing vocabularies or an unusable config.
     """
     import ml_collections
 
     from attn_jax import data
-    from attn_jax.train import build_module, load_checkpoint, model_config
+    from attn_jax.train import CheckpointUnreadable, build_module, load_checkpoint, model_config
 
     workdir = os.fspath(workdir)
     if not os.path.isdir(workdir):
@@ -154,7 +159,7 @@ def load_model(workdir: str | os.PathLike, checkpoint: str | int = "best") -> Lo
     try:
         step = checkpoint if isinstance(checkpoint, int) else None
         restored = load_checkpoint(workdir, step, best=checkpoint == "best")
-    except FileNotFoundError as e:
+    except (FileNotFoundError, CheckpointUnreadable) as e:
         raise TranslateError(str(e)) from None
     try:
         src_vocab, tgt_vocab = data.load_vocabularies(os.path.join(workdir, "vocab"))

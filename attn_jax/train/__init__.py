@@ -9,7 +9,14 @@ The step is the Flax examples' pure ``train_step(state, batch) -> (state, metric
 models, data and optax/orbax/ml_collections; models never import it.
 """
 
-from attn_jax.train._checkpoint import BEST_METRIC, CheckpointManager, Restored, load_checkpoint
+from attn_jax.train._checkpoint import (
+    BEST_METRIC,
+    CheckpointManager,
+    CheckpointSaveError,
+    CheckpointUnreadable,
+    Restored,
+    load_checkpoint,
+)
 from attn_jax.train._config import (
     ConfigError,
     apply_overrides,
@@ -26,7 +33,7 @@ from attn_jax.train._config import (
 )
 from attn_jax.train._diagnostics import DIAG_BAND, AttentionStats, attention_stats, summarize_attention
 from attn_jax.train._inputs import Inputs, data_state, load_corpus, make_inputs, restore_data_state
-from attn_jax.train._loop import TrainingDiverged, TrainResult, evaluate, train_and_evaluate
+from attn_jax.train._loop import TrainingDiverged, TrainResult, WorkdirError, evaluate, train_and_evaluate
 from attn_jax.train._loss import LossSums, loss_sums, sentence_losses, token_cross_entropy
 from attn_jax.train._metrics import MetricsLogger, read_metrics
 from attn_jax.train._optim import OptimizerConfig, make_optimizer, make_schedule
@@ -64,6 +71,8 @@ __all__ = [
     "DIAG_BAND",
     "AttentionStats",
     "CheckpointManager",
+    "CheckpointSaveError",
+    "CheckpointUnreadable",
     "ConfigError",
     "EvalMetrics",
     "EventWriter",
@@ -77,6 +86,7 @@ __all__ = [
     "TrainResult",
     "TrainState",
     "TrainingDiverged",
+    "WorkdirError",
     "all_finite",
     "apply_overrides",
     "attention_stats",

@@ -15,11 +15,22 @@ Kept: the last ``keep`` checkpoints, plus the best one by validation NLL per tok
 ``BestN``). A save is atomic: orbax writes ``<step>.orbax-checkpoint-tmp*`` and renames it to ``<step>`` only
 after every item is written (``AtomicRenameTemporaryPath.finalize``), and the step listing ignores temporary
 directories, so a process killed half-way through a save leaves the previous checkpoint as the latest one.
+
+Failures are never silent. A save that fails, in the caller's thread or in orbax's background thread (a full
+disk, a read-only filesystem), raises :class:`CheckpointSaveError` naming the step and the last good checkpoint;
+:meth:`CheckpointManager.poll` reports a failed background save as soon as it has failed, not only at the next
+save. A finished checkpoint that cannot be read (a truncated or deleted file) makes :func:`load_checkpoint` fall
+back to the newest (or next best) one that loads and say so in :attr:`Restored.note`; when none loads it raises
+:class:`CheckpointUnreadable` with one line per reason.
 """
 
 from __future__ import annotations
 
+import contextlib
+import gc
+import logging
 import os
+from collections.abc import Iterable
 from typing import Any, NamedTuple
 
 import jax
@@ -28,7 +39,14 @@ from etils import epath
 from orbax.checkpoint import checkpoint_managers as ocm
 from orbax.checkpoint import metadata as ocp_metadata
 
-__all__ = ["BEST_METRIC", "CheckpointManager", "Restored", "load_checkpoint"]
+__all__ = [
+    "BEST_METRIC",
+    "CheckpointManager",
+    "CheckpointSaveError",
+    "CheckpointUnreadable",
+    "Restored",
+    "load_checkpoint",
+]
 
 BEST_METRIC = "nll_per_token"  # validation metric a checkpoint is ranked by (lower is better)
 _ITEMS = ("state", "data", "config")
@@ -46,6 +64,36 @@ class Restored(NamedTuple):
     data: dict
     config: dict
     note: str = ""
+
+
+class CheckpointSaveError(RuntimeError):
+    """A checkpoint could not be written (e.g. a full disk); the message is one line naming the step, the reason
+    and the last good checkpoint, which is left intact."""
+
+
+class CheckpointUnreadable(RuntimeError):
+    """No checkpoint of the ones tried can be read (damaged files); the message is one line naming each step and
+    why it failed, :attr:`failed` lists them as ``(step, reason)``."""
+
+    def __init__(self, message: str, failed: Iterable[tuple[int, str]] = ()):
+        super().__init__(message)
+        self.failed = list(failed)
+
+
+def failure_reason(error: BaseException) -> str:
+    """One line saying why orbax could not read (or write) a checkpoint: the innermost cause's type and first
+    line (orbax wraps TensorStore's ``OUT_OF_RANGE``/``NOT_FOUND`` errors in a bare ``Exception`` whose message
+    is a page of TensorStore spec)."""
+    while error.__cause__ is not None:
+        error = error.__cause__
+    if isinstance(error, OSError) and error.strerror:
+        text = f"{error.strerror}: {error.filename}" if error.filename else error.strerror
+    else:
+        text = str(error).strip().splitlines()[0] if str(error).strip() else ""
+    text = " ".join(text.split())
+    if len(text) > 300:  # TensorStore puts the cause (``No space left on device``) last
+        text = f"{text[:120]} ... {text[-170:]}"
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__
 
 
 def _best_metric(metrics: dict) -> float:
@@ -92,6 +140,7 @@ class CheckpointManager:
         )
         self.directory = os.path.abspath(os.fspath(directory))
         self._manager = ocp.CheckpointManager(self.directory, options=options, item_names=_ITEMS)
+        self._pending: int | None = None  # the step of a save not yet known to have finished
 
     def latest_step(self) -> int | None:
         """The newest finished checkpoint's step (temporary, half-written ones are not listed)."""
@@ -112,13 +161,44 @@ class CheckpointManager:
         """Save ``state`` (a pytree of arrays), the iterator's JSON state and the config as step ``step``.
 
         ``metrics`` (validation metrics, with ``nll_per_token``) rank the checkpoint for best-keeping.
+
+        Raises:
+          CheckpointSaveError: this save, or the previous (background) one, failed.
         """
+        self.wait()  # orbax would wait too, but report the previous save's failure under its own step
         args = ocp.args.Composite(
             state=ocp.args.StandardSave(state),
             data=ocp.args.JsonSave(data_state),
             config=ocp.args.JsonSave(config),
         )
-        self._manager.save(step, args=args, metrics=metrics, force=True)
+        self._pending = step
+        try:
+            self._manager.save(step, args=args, metrics=metrics, force=True)
+        except Exception as e:
+            raise self._save_error(step, e) from e
+        if not self._manager.is_saving_in_progress():  # synchronous: finished (or failed) already
+            self.wait()
+
+    def poll(self) -> None:
+        """Raise :class:`CheckpointSaveError` now if a background save has failed (cheap: call it every step).
+
+        Without it a failed asynchronous save (a full disk) would surface only at the next save, possibly hours
+        of training later.
+        """
+        if self._pending is not None and not self._manager.is_saving_in_progress():
+            self.wait()
+
+    def _save_error(self, step: int | None, error: BaseException) -> CheckpointSaveError:
+        self._pending = None
+        with contextlib.suppress(Exception):
+            self._manager.reload()  # forget the failed step, so that latest_step is the last good one
+        last = self._manager.latest_step()
+        good = f"the last good checkpoint is step {last}" if last is not None else "no checkpoint was written"
+        return CheckpointSaveError(
+            f"cannot write {'a checkpoint' if step is None else f'checkpoint step {step}'} in {self.directory}: "
+            f"{failure_reason(error)}; {good} "
+            "(intact; resume from it with --resume once the cause is fixed)"
+        )
 
     def restore(self, step: int, abstract_state: Any | None = None) -> Restored:
         """Restore step ``step``; with ``abstract_state`` (``jax.eval_shape`` of a state, or
@@ -135,6 +215,39 @@ class CheckpointManager:
         out = self._manager.restore(step, args=args)
         return Restored(step=step, state=out["state"], data=out["data"], config=out["config"])
 
+    def restore_first(
+        self, steps: Iterable[int], abstract_state: Any | None = None
+    ) -> tuple[Restored, list[tuple[int, str]]]:
+        """Restore the first of ``steps`` that can be read; also return the ``(step, reason)`` of those before it
+        that could not (damaged or missing files).
+
+        Raises:
+          CheckpointUnreadable: none of ``steps`` can be read (or ``steps`` is empty).
+        """
+        failed: list[tuple[int, str]] = []
+        for step in steps:
+            try:
+                with _sibling_read_errors_dropped():
+                    return self.restore(step, abstract_state), failed
+            except MemoryError:
+                raise
+            except Exception as e:  # orbax raises bare Exceptions for TensorStore read errors
+                failed.append((step, failure_reason(e)))
+        raise CheckpointUnreadable(
+            f"no checkpoint in {self.directory} can be read: {_describe(failed)}"
+            if failed
+            else f"{self.directory}: no finished checkpoint",
+            failed,
+        )
+
+    def metric(self, step: int) -> float | None:
+        """The validation NLL per token step ``step`` was ranked by, or None (not evaluated, or unreadable)."""
+        try:
+            metrics = self._manager.metrics(step)
+            return None if not metrics or BEST_METRIC not in metrics else _best_metric(metrics)
+        except Exception:  # a damaged metrics file: the step is merely not ranked
+            return None
+
     def _on_one_device(self, step: int):
         """The saved state's structure as ``ShapeDtypeStruct``s on the first local device (from its metadata).
 
@@ -150,12 +263,76 @@ class CheckpointManager:
         )
 
     def wait(self) -> None:
-        """Block until every pending (async) save has been finalised."""
-        self._manager.wait_until_finished()
+        """Block until every pending (async) save has been finalised.
+
+        Raises:
+          CheckpointSaveError: the pending save failed (its partial ``<step>.orbax-checkpoint-tmp`` directory is
+            left; the next save of that step replaces it).
+        """
+        step, self._pending = self._pending, None
+        try:
+            self._manager.wait_until_finished()
+        except Exception as e:
+            raise self._save_error(step, e) from e
+        if step is not None and jax.process_index() == 0 and not os.path.isdir(self._step_dir(step)):
+            # orbax logs, but does not raise, some failures of its last commit step (Skipping finalization).
+            raise self._save_error(step, RuntimeError("the save did not finish (see orbax's log)"))
+
+    def _step_dir(self, step: int) -> str:
+        return os.path.join(self.directory, str(step))
+
+    def set_aside(self, step: int, destination: str | os.PathLike) -> str:
+        """Move step ``step``'s directory into ``destination`` (created; never overwriting: ``<step>-1``, ...) so
+        that it is no longer listed; returns the new path."""
+        os.makedirs(destination, exist_ok=True)
+        target, k = os.path.join(destination, str(step)), 0
+        while os.path.lexists(target):
+            k += 1
+            target = os.path.join(destination, f"{step}-{k}")
+        os.rename(self._step_dir(step), target)
+        self._manager.reload()
+        return target
 
     def close(self) -> None:
-        """Finish pending saves and release the manager."""
-        self._manager.close()
+        """Finish pending saves and release the manager.
+
+        Raises:
+          CheckpointSaveError: the pending save failed.
+        """
+        try:
+            self.wait()
+        finally:
+            with contextlib.suppress(
+                Exception
+            ):  # a failed save was reported by wait(); orbax would raise it again
+                self._manager.close()
+
+
+class _NotUnretrieved(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "exception was never retrieved" not in record.getMessage()
+
+
+@contextlib.contextmanager
+def _sibling_read_errors_dropped():
+    """Drop asyncio's "Task exception was never retrieved" tracebacks of a failed restore: orbax reads the arrays
+    in concurrent tasks and raises the first error (which the caller reports), and every other array of a damaged
+    file logs its own page-long traceback when its task is collected."""
+    asyncio_logger = logging.getLogger("asyncio")
+    quiet = _NotUnretrieved()
+    asyncio_logger.addFilter(quiet)
+    try:
+        yield
+    except BaseException:
+        gc.collect()  # collect the failed tasks now, while the filter is on
+        raise
+    finally:
+        asyncio_logger.removeFilter(quiet)
+
+
+def _describe(failed: list[tuple[int, str]]) -> str:
+    """``step 4 (reason); step 2 (reason)``."""
+    return "; ".join(f"step {step} ({reason})" for step, reason in failed)
 
 
 def load_checkpoint(workdir: str | os.PathLike, step: int | None = None, *, best: bool = False) -> Restored:
@@ -168,26 +345,58 @@ def load_checkpoint(workdir: str | os.PathLike, step: int | None = None, *, best
     evaluation, or ``checkpoint_every < eval_every`` and killed) restores the latest finished checkpoint
     instead, and says so in :attr:`Restored.note` (never silently).
 
+    A best or latest checkpoint that cannot be read (a truncated or deleted file) is skipped for the next best
+    (by validation NLL per token, then the newest unevaluated ones) or the next newest one that loads;
+    :attr:`Restored.note` names each skipped step and why. A ``step`` asked for by number is never replaced.
+
     Raises:
       FileNotFoundError: ``workdir/checkpoints`` holds no finished checkpoint.
+      CheckpointUnreadable: no candidate checkpoint (or the ``step`` asked for) can be read.
     """
     directory = os.path.join(os.fspath(workdir), "checkpoints")
     if not os.path.isdir(directory):
         raise FileNotFoundError(f"{directory}: no checkpoints directory")
     manager = CheckpointManager(directory, async_save=False, read_only=True)
     try:
-        note = ""
-        if step is None:
-            step = manager.best_step() if best else manager.latest_step()
-            if step is None and best and manager.latest_step() is not None:
-                step = manager.latest_step()
-                note = (
-                    f"no kept checkpoint has validation metrics, so there is no best one: using the latest "
-                    f"finished checkpoint, step {step} (of {manager.all_steps()})"
-                )
-        if step is None:
+        notes = []
+        steps = manager.all_steps()
+        if step is not None:
+            candidates = [step]
+        elif not steps:
             raise FileNotFoundError(f"{directory}: no finished checkpoint")
-        restored = manager.restore(step)._replace(note=note)
+        else:
+            newest_first = sorted(steps, reverse=True)
+            candidates = newest_first
+            if best:
+                ranked = {s: m for s in steps if (m := manager.metric(s)) is not None}
+                first = [b] if (b := manager.best_step()) is not None else []
+                if first or ranked:
+                    candidates = first + sorted(
+                        (s for s in ranked if s not in first), key=lambda s: (ranked[s], -s)
+                    )
+                    candidates += [s for s in newest_first if s not in candidates]
+                else:
+                    notes.append(
+                        "no kept checkpoint has validation metrics, so there is no best one: using the latest "
+                        f"finished checkpoint, step {newest_first[0]} (of {steps})"
+                    )
+        try:
+            restored, failed = manager.restore_first(candidates)
+        except CheckpointUnreadable as e:
+            if step is None or not e.failed:
+                raise
+            raise CheckpointUnreadable(
+                f"cannot read checkpoint step {step} in {directory} ({e.failed[0][1]}); choose another (kept: "
+                f"{steps})",
+                e.failed,
+            ) from None
+        if failed:
+            order = "next best" if best and step is None and not notes else "newest"
+            notes.append(
+                f"cannot read checkpoint {_describe(failed)}: using step {restored.step}, the {order} one that "
+                "loads"
+            )
+        restored = restored._replace(note="; ".join(notes))
     finally:
         manager.close()
     return restored

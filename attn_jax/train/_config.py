@@ -9,7 +9,7 @@ a :class:`ConfigError` with a one-line message.
 
 The schema (every field, with its default):
 
-``seed`` (0) — parameter initialisation, shuffling and the run's PRNG key.
+``seed`` (0) — parameter initialisation, shuffling and the run's PRNG key; an int in [0, 2**63 - 1].
 ``num_train_steps`` (1000), ``log_every`` (50), ``eval_every`` (500), ``checkpoint_every`` (500) — in updates;
 evaluation and a checkpoint also happen at the last step.
 ``keep_checkpoints`` (3) — the last K checkpoints kept; ``keep_best`` (True) — also keep the best by validation
@@ -197,6 +197,15 @@ def _suggest(key: str, keys: Iterable[str]) -> str:
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
+def _message(error: Exception) -> str:
+    """An exception's text on one line, unwrapped (ml_collections raises ``AttributeError(KeyError(text))``,
+    whose ``str`` is a repr with literal ``\\n``)."""
+    arg = error.args[0] if len(error.args) == 1 else None
+    while isinstance(arg, BaseException) and len(arg.args) == 1:
+        arg = arg.args[0]
+    return " ".join((arg if isinstance(arg, str) else str(error)).split())
+
+
 def load_config(spec: str) -> ml_collections.ConfigDict:
     """Load ``path.py`` or ``path.py:arg`` by calling its ``get_config()`` / ``get_config(arg)``.
 
@@ -220,8 +229,10 @@ def load_config(spec: str) -> ml_collections.ConfigDict:
         raise ConfigError(f"{path}: defines no get_config()")
     try:
         config = get_config() if arg is None else get_config(arg)
-    except (ValueError, TypeError, KeyError) as e:
-        raise ConfigError(f"{spec}: {e}") from None
+    except (ValueError, TypeError, KeyError) as e:  # how a config says "no such variant"
+        raise ConfigError(f"{spec}: {_message(e)}") from None
+    except Exception as e:  # a config file is user code: any other error it raises is still a config error
+        raise ConfigError(f"{spec}: get_config raised {type(e).__name__}: {_message(e)}") from None
     if not isinstance(config, ml_collections.ConfigDict):
         raise ConfigError(
             f"{spec}: get_config() returned {type(config).__name__}, not an ml_collections.ConfigDict"
@@ -437,6 +448,8 @@ def check_config(config: ml_collections.ConfigDict) -> None:
         "data.src_vocab_size",
         "data.tgt_vocab_size",
     )
+    if not 0 <= config.seed < 2**63:  # NumPy's SeedSequence refuses negative seeds, JAX's key needs an int64
+        raise ConfigError(f"seed must be an int in [0, 2**63 - 1], got {config.seed}")
     if not 0.0 <= config.label_smoothing < 1.0:
         raise ConfigError(f"label_smoothing must be in [0, 1), got {config.label_smoothing}")
     d = config.data

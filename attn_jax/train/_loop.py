@@ -36,10 +36,12 @@ last good checkpoint stays the latest one.
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import json
 import math
 import os
+import tempfile
 import time
 from collections.abc import Callable, Iterable
 from typing import IO, NamedTuple
@@ -52,7 +54,7 @@ from jax.experimental import multihost_utils
 
 from attn_jax.data import Batch
 from attn_jax.parallel import batch_sharding, make_mesh, replicated, rules_for
-from attn_jax.train._checkpoint import CheckpointManager
+from attn_jax.train._checkpoint import CheckpointManager, CheckpointUnreadable, Restored, _describe
 from attn_jax.train._config import (
     MESH_KEYS,
     ConfigError,
@@ -82,11 +84,39 @@ from attn_jax.train._step import (
     train_step,
 )
 
-__all__ = ["TrainResult", "TrainingDiverged", "evaluate", "train_and_evaluate"]
+__all__ = ["TrainResult", "TrainingDiverged", "WorkdirError", "evaluate", "train_and_evaluate"]
 
 
 class TrainingDiverged(RuntimeError):
     """The loss or the gradient norm became NaN or infinite; nothing was saved after the last good step."""
+
+
+class WorkdirError(OSError):
+    """The run directory cannot be created or written: a file where it or a parent should be, a read-only or full
+    filesystem, no permission. The message is one line; ``errno`` is the underlying error's."""
+
+    def __init__(self, message: str, code: int | None = None):
+        super().__init__(message)
+        self.errno = code
+
+
+def _prepare_workdir(workdir: str) -> None:
+    """Create ``workdir`` and check that it takes a file, so that a bad ``--workdir`` fails at once, not after
+    the corpus is read and the step compiled."""
+    if os.path.lexists(workdir) and not os.path.isdir(workdir):
+        raise WorkdirError(f"{workdir} exists and is not a directory; choose another --workdir", errno.EEXIST)
+    try:
+        os.makedirs(workdir, exist_ok=True)
+        with tempfile.TemporaryFile(dir=workdir):
+            pass
+    except OSError as e:
+        parent = workdir
+        while parent != os.path.dirname(parent) and not os.path.lexists(parent):
+            parent = os.path.dirname(parent)
+        blocker = f" ({parent} is a file)" if os.path.lexists(parent) and not os.path.isdir(parent) else ""
+        raise WorkdirError(
+            f"cannot write the run directory {workdir}: {e.strerror or e}{blocker}", e.errno
+        ) from None
 
 
 class TrainResult(NamedTuple):
@@ -254,6 +284,34 @@ def _diverged(what: str, step: int, ckpt: CheckpointManager) -> TrainingDiverged
         else "no checkpoint had been written yet"
     )
     return TrainingDiverged(f"training diverged: {what} at step {step}; stopped without saving; {where}")
+
+
+def _restore_newest_readable(ckpt: CheckpointManager, target, logger) -> Restored:
+    """Restore the newest checkpoint that can be read; newer ones that cannot (truncated or deleted files) are
+    moved to ``<workdir>/damaged-checkpoints/`` (never deleted, never overwritten by the resumed run's saves) and
+    a warning names each."""
+    try:
+        restored, failed = ckpt.restore_first(sorted(ckpt.all_steps(), reverse=True), target)
+    except CheckpointUnreadable as e:
+        raise CheckpointUnreadable(
+            f"cannot resume: {e} (nothing was moved or deleted; move them away or use another --workdir to "
+            "start afresh)",
+            e.failed,
+        ) from None
+    if failed and jax.process_count() > 1:  # the processes would have to agree on what to move: the user does
+        raise CheckpointUnreadable(
+            f"cannot resume from checkpoint {_describe(failed)} in {ckpt.directory}; step {restored.step} can be "
+            "read: move the damaged step directories out of it and resume again",
+            failed,
+        )
+    aside = os.path.join(os.path.dirname(ckpt.directory), "damaged-checkpoints")
+    for step, why in failed:
+        moved = ckpt.set_aside(step, aside)
+        logger.log(
+            f"warning: cannot read checkpoint step {step} ({why}); moved it to {moved} (kept, not deleted) and "
+            f"resuming from step {restored.step}, the newest checkpoint that loads"
+        )
+    return restored
 
 
 class _QuietLogger:
@@ -465,10 +523,13 @@ def train_and_evaluate(
         in ``workdir`` without ``resume``.
       attn_jax.data.CorpusError: the corpus cannot be read or leaves no batch.
       TrainingDiverged: the loss or gradient norm became non-finite.
+      WorkdirError: ``workdir`` cannot be created or written (a file in its way, read-only, no space).
+      CheckpointSaveError: a checkpoint could not be written (a full disk); the last good one is intact.
+      CheckpointUnreadable: ``resume`` and no checkpoint can be read.
     """
     check_config(config)
     workdir = os.path.abspath(os.fspath(workdir))
-    os.makedirs(workdir, exist_ok=True)
+    _prepare_workdir(workdir)
     place = _OneDevice(config) if config.parallel.strategy == "none" else _Mesh(config)
     lead = jax.process_index() == 0  # the process that writes files and talks to the terminal
     ckpt = CheckpointManager(
@@ -533,7 +594,8 @@ def _train(config, config_dict, place, inputs, ckpt, logger, latest) -> TrainRes
         state = place.init_state(config.seed)
     start = 0
     if latest is not None:
-        restored = ckpt.restore(latest, place.restore_target(state))
+        restored = _restore_newest_readable(ckpt, place.restore_target(state), logger)
+        latest = restored.step
         state = place.place(restored.state)
         try:
             restore_data_state(inputs, restored.data)
@@ -552,6 +614,7 @@ def _train(config, config_dict, place, inputs, ckpt, logger, latest) -> TrainRes
     run_start = time.monotonic()
     step_seconds = None  # recent seconds per step, for the ETA
     while step < total:
+        ckpt.poll()  # a failed background save (a full disk) stops the run now, not at the next save
         tic = time.monotonic()
         batch = place.batch(next(inputs.train))
         if config.debug.inject_nan_at_step == step + 1:
