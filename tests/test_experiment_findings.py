@@ -134,3 +134,45 @@ def test_figure3_prefers_exact_translations_within_the_training_lengths():
         for p in figure3_examples(src, hyp, ref, count=2, within_length=None, max_length=50)
     )
     assert figure3_examples(src, hyp, ref, count=0, within_length=30, max_length=40) == []
+
+
+def _load_run():
+    spec = importlib.util.spec_from_file_location(
+        "bahdanau2015_run", os.path.join(REPO, "experiments", "bahdanau2015", "run.py")
+    )
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_report_states_for_each_headline_number_whether_it_is_inside_the_study_range():
+    import argparse
+
+    run = _load_run()
+    ranges = {
+        "command": "python experiments/bahdanau2015/seeds.py --seeds 0,1",
+        "runs": 4,
+        "missing": ["AVX2 seed 1"],
+        "seeds": [0, 1],
+        "code_paths": ["AVX2", "default"],
+        "findings_held": {"RNNsearch beats RNNenc in every length bucket": 4},
+        "ranges": {
+            "RNNsearch BLEU all": fd.summarize([36.0, 38.0, 37.0, 39.0]),
+            "RNNsearch gold hit": fd.summarize([0.77, 0.81, 0.79, 0.80]),
+        },
+    }
+    numbers = {"RNNsearch BLEU all": 50.0, "RNNsearch gold hit": 0.78, "Transformer BLEU all": 30.0}
+    checks = fd.check_findings(_systems(GOOD_ENC, GOOD_ATT))
+    args = argparse.Namespace(smoke=False, set=[])
+    md = "\n".join(run.findings_markdown(checks, numbers, ranges, args))
+    # 36..39: mean 37.5, sd 1.29 -> expected range 33.63 to 41.37; 50 is outside, flagged in bold.
+    assert "| RNNsearch BLEU all | 50.00 | 37.50 ± 1.29 (36.00-39.00) | 33.63 to 41.37 | **no** |" in md
+    assert "| RNNsearch gold hit | 0.78 |" in md and md.count("| yes |") >= 1
+    assert "| Transformer BLEU all | 30.00 | — | not in the study | — |" in md
+    assert "1 of 2 numbers outside the expected range: RNNsearch BLEU all." in md
+    assert "not yet finished: AVX2 seed 1" in md and "4 of 4 runs" in md
+    # Smoke runs and overridden configs are not compared, and say why.
+    none = "\n".join(
+        run.findings_markdown(checks, numbers, None, argparse.Namespace(smoke=False, set=["x=1"]))
+    )
+    assert "No range check: the configs were overridden (--set)." in none

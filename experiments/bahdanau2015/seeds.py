@@ -51,6 +51,11 @@ def parse_args(argv):
     p.add_argument("--out", default="runs/seeds", help="output directory (default: %(default)s)")
     p.add_argument("--jobs", type=int, default=1, help="runs at once, each pinned to one core (default: 1)")
     p.add_argument("--write-ranges", metavar="PATH", help="also write the ranges run.py checks against")
+    p.add_argument(
+        "--collect",
+        action="store_true",
+        help="start no run: summarise the runs already finished in --out (the missing ones are listed)",
+    )
     args = p.parse_args(argv)
     try:
         args.seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
@@ -77,6 +82,9 @@ def run_all(args) -> list[dict]:
         for path in args.code_paths:
             d = os.path.join(os.path.abspath(args.out), path, f"seed{seed}")
             (done if os.path.exists(os.path.join(d, "results.json")) else todo).append((path, seed, d))
+    if args.collect:
+        args.missing = [(path, seed) for path, seed, _ in todo]
+        todo = []
     cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
     running: list[tuple] = []
     free = list(range(args.jobs))
@@ -171,6 +179,13 @@ def main(argv=None) -> int:
         [f"--seeds {','.join(map(str, args.seeds))}", f"--code-paths {','.join(args.code_paths)}"]
     )
     md, ranges = study_markdown(runs, command)
+    missing = getattr(args, "missing", [])
+    if missing:
+        md += (
+            f"\nNot finished, so not in these numbers ({len(missing)} of {len(missing) + len(runs)} runs): "
+            + ", ".join(f"{path} seed {seed}" for path, seed in missing)
+            + ".\n"
+        )
     out = os.path.abspath(args.out)
     with open(os.path.join(out, "seed_study.md"), "w", encoding="utf-8") as f:
         f.write(md)
@@ -183,6 +198,7 @@ def main(argv=None) -> int:
                 {
                     "command": command,
                     "runs": len(runs),
+                    "missing": [f"{path} seed {seed}" for path, seed in missing],
                     "seeds": sorted({r["seed"] for r in runs}),
                     "code_paths": sorted({r["code_path"] for r in runs}),
                     "ranges": ranges,
