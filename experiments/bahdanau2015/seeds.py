@@ -122,7 +122,14 @@ def run_all(args) -> list[dict]:
     out = []
     for path, seed, d in sorted(done, key=lambda x: (args.code_paths.index(x[0]), x[1])):
         with open(os.path.join(d, "results.json"), encoding="utf-8") as f:
-            out.append({"code_path": path, "seed": seed, "dir": d, **json.load(f)})
+            out.append(
+                {
+                    "code_path": path,
+                    "seed": seed,
+                    "dir": os.path.relpath(d, os.path.abspath(args.out)),
+                    **json.load(f),
+                }
+            )
     return out
 
 
