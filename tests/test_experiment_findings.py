@@ -176,3 +176,50 @@ def test_report_states_for_each_headline_number_whether_it_is_inside_the_study_r
         run.findings_markdown(checks, numbers, None, argparse.Namespace(smoke=False, set=["x=1"]))
     )
     assert "No range check: the configs were overridden (--set)." in none
+
+
+def _load_seeds():
+    spec = importlib.util.spec_from_file_location(
+        "seeds", os.path.join(REPO, "experiments", "bahdanau2015", "seeds.py")
+    )
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_seed_study_collects_each_thread_count_as_its_own_rows(tmp_path, capsys):
+    """--threads is a study dimension: runs with T > 1 live in <path>-<T>threads, one-thread runs where they were,
+    and a missing (label, seed) is listed, never silently dropped."""
+    seeds = _load_seeds()
+    assert seeds.run_label("AVX2", 1) == "AVX2" and seeds.run_label("AVX2", 2) == "AVX2-2threads"
+    finished = _systems(GOOD_ENC, GOOD_ATT)
+    result = {
+        "systems": finished,
+        "headline": {"RNNsearch gold hit": 0.8, "RNNenc BLEU all": 2.0},
+        "findings": [{"name": c.name, "holds": c.holds} for c in fd.check_findings(finished)],
+    }
+    for label in ("default", "default-2threads"):
+        (tmp_path / label / "seed0").mkdir(parents=True)
+        (tmp_path / label / "seed0" / "results.json").write_text(__import__("json").dumps(result))
+    ncores = len(seeds._cores()) or (os.cpu_count() or 1)
+    threads = "1,2" if ncores >= 2 else "1"
+    argv = [
+        "--seeds",
+        "0,1",
+        "--code-paths",
+        "default",
+        "--threads",
+        threads,
+        "--out",
+        str(tmp_path),
+        "--collect",
+    ]
+    assert seeds.main(argv) == 0
+    md = (tmp_path / "seed_study.md").read_text()
+    rows = [line for line in md.splitlines() if line.startswith("| default")]
+    expected = ["default", "default-2threads"] if ncores >= 2 else ["default"]
+    assert [r.split("|")[1].strip() for r in rows] == expected
+    assert "Not finished" in md and "default seed 1" in md
+    with pytest.raises(SystemExit):
+        seeds.parse_args(["--threads", "1", "--jobs", str(ncores + 1)])
+    assert "needs up to" in capsys.readouterr().err

@@ -183,7 +183,9 @@ def findings_markdown(checks, numbers, ranges, args) -> list[str]:
     study = ranges["ranges"]
     md += [
         f"Expected range: the seed study's mean ± 3 sd, widened to its min-max ({ranges['runs']} runs: seeds "
-        f"{ranges['seeds']} under XLA CPU code paths {ranges['code_paths']}; "
+        f"{ranges['seeds']} under XLA CPU code paths {ranges['code_paths']}"
+        + (f" with {ranges['threads']} CPU threads" if ranges.get("threads") else "")
+        + "; "
         f"`{ranges['command']}`"
         + (f"; not yet finished: {', '.join(ranges['missing'])}" if ranges.get("missing") else "")
         + "). A number outside it means this machine or version behaves differently from the study's: worth a "

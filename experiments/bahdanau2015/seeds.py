@@ -2,12 +2,16 @@
 
     python experiments/bahdanau2015/seeds.py                                  # 5 seeds x 2 code paths -> runs/seeds
     python experiments/bahdanau2015/seeds.py --seeds 0,1 --code-paths default --out /tmp/s   # a subset
+    python experiments/bahdanau2015/seeds.py --threads 2 --jobs 1             # as make demo runs: 2 threads
     python experiments/bahdanau2015/seeds.py --write-ranges experiments/bahdanau2015/seed_ranges.json
 
 Each (code path, seed) is one ``run.py --systems RNNenc,RNNsearch --set seed=K`` in a subprocess whose
 ``XLA_FLAGS`` selects the code path (``default``: whatever the CPU offers; ``AVX2``: ``--xla_cpu_max_isa=AVX2``,
-as on a CPU without AVX-512); ``--jobs N`` runs N at once, each pinned to its own core. A run already finished
-in ``--out`` (its ``results.json`` exists) is reused, so an interrupted study continues where it stopped.
+as on a CPU without AVX-512); ``--threads T`` (a list: ``1,2``) pins each run to T cores, so XLA's CPU thread
+pool has T threads -- how the work of one op is split between threads is a further source of rounding, and
+``make demo`` runs unpinned on every core; ``--jobs N`` runs N at once (N x T cores at most). Runs with one thread
+live in ``<out>/<path>/seed<k>``, with T > 1 in ``<out>/<path>-<T>threads/seed<k>``. A run already finished in
+``--out`` (its ``results.json`` exists) is reused, so an interrupted study continues where it stopped.
 
 Writes ``<out>/seed_study.md`` (every run's row, then mean ± sd (min-max) per number and whether each finding
 held in every run) and ``<out>/seed_study.json``; ``--write-ranges`` also writes the ranges ``run.py``'s report
@@ -49,7 +53,12 @@ def parse_args(argv):
         "--code-paths", default="default,AVX2", help=f"XLA CPU code paths among {', '.join(CODE_PATHS)}"
     )
     p.add_argument("--out", default="runs/seeds", help="output directory (default: %(default)s)")
-    p.add_argument("--jobs", type=int, default=1, help="runs at once, each pinned to one core (default: 1)")
+    p.add_argument(
+        "--threads",
+        default="1",
+        help="CPU threads (cores) per run, a list such as 1,2 (default: %(default)s)",
+    )
+    p.add_argument("--jobs", type=int, default=1, help="runs at once, each pinned to its cores (default: 1)")
     p.add_argument("--write-ranges", metavar="PATH", help="also write the ranges run.py checks against")
     p.add_argument(
         "--collect",
@@ -67,7 +76,26 @@ def parse_args(argv):
         p.error(f"--code-paths: unknown {bad!r}; choose from {', '.join(CODE_PATHS)}")
     if args.jobs < 1:
         p.error("--jobs must be >= 1")
+    try:
+        args.threads = [int(t) for t in args.threads.split(",") if t.strip()]
+    except ValueError:
+        p.error(f"--threads: expected comma-separated integers, got {args.threads!r}")
+    ncores = len(_cores()) or (os.cpu_count() or 1)
+    if not args.threads or min(args.threads) < 1 or args.jobs * max(args.threads) > ncores:
+        p.error(
+            f"--threads {args.threads} with --jobs {args.jobs} needs up to {args.jobs * max(args.threads or [1])}"
+            f" cores; this process may use {ncores}"
+        )
     return args
+
+
+def _cores() -> list[int]:
+    return sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+
+
+def run_label(path: str, threads: int) -> str:
+    """A run's directory name and label: the code path, with the thread count when it is not 1."""
+    return path if threads == 1 else f"{path}-{threads}threads"
 
 
 def _command(out_dir: str, seed: int) -> list[str]:
@@ -78,24 +106,29 @@ def _command(out_dir: str, seed: int) -> list[str]:
 def run_all(args) -> list[dict]:
     """Run every missing (code path, seed) and return every run's results.json, with its key."""
     todo, done = [], []
+    labels = [run_label(p, t) for t in args.threads for p in args.code_paths]
     for seed in args.seeds:  # seeds outermost, so that a partial study already covers every code path
-        for path in args.code_paths:
-            d = os.path.join(os.path.abspath(args.out), path, f"seed{seed}")
-            (done if os.path.exists(os.path.join(d, "results.json")) else todo).append((path, seed, d))
+        for threads in args.threads:
+            for path in args.code_paths:
+                label = run_label(path, threads)
+                d = os.path.join(os.path.abspath(args.out), label, f"seed{seed}")
+                item = (path, threads, label, seed, d)
+                (done if os.path.exists(os.path.join(d, "results.json")) else todo).append(item)
     if args.collect:
-        args.missing = [(path, seed) for path, seed, _ in todo]
+        args.missing = [(label, seed) for _, _, label, seed, _ in todo]
         todo = []
-    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    cores = _cores()
     running: list[tuple] = []
     free = list(range(args.jobs))
     while todo or running:
         while todo and free:
             slot = free.pop(0)
-            path, seed, d = todo.pop(0)
+            path, threads, label, seed, d = todo.pop(0)
             os.makedirs(d, exist_ok=True)
             env = dict(os.environ)
             env["XLA_FLAGS"] = CODE_PATHS[path]
-            pin = {cores[slot % len(cores)]} if cores and args.jobs > 1 else None
+            # Pinned to `threads` cores of its own (XLA sizes its CPU thread pool by the cores it may use).
+            pin = set(cores[slot * threads : (slot + 1) * threads]) if cores else None
             log = open(os.path.join(d, "run.log"), "w", encoding="utf-8")  # noqa: SIM115
             proc = subprocess.Popen(
                 _command(d, seed),
@@ -105,26 +138,29 @@ def run_all(args) -> list[dict]:
                 cwd=REPO,
                 preexec_fn=(lambda p=pin: os.sched_setaffinity(0, p)) if pin else None,
             )
-            print(f"started {path} seed {seed} -> {d}" + (f" (core {min(pin)})" if pin else ""), flush=True)
-            running.append((proc, log, slot, path, seed, d, time.perf_counter()))
+            where = f" (cores {','.join(map(str, sorted(pin)))})" if pin else ""
+            print(f"started {label} seed {seed} -> {d}{where}", flush=True)
+            running.append((proc, log, slot, path, threads, label, seed, d, time.perf_counter()))
         time.sleep(5)
         for item in list(running):
-            proc, log, slot, path, seed, d, t0 = item
+            proc, log, slot, path, threads, label, seed, d, t0 = item
             if proc.poll() is None:
                 continue
             running.remove(item)
             log.close()
             free.append(slot)
             status = "done" if proc.returncode == 0 else f"FAILED (exit {proc.returncode}, see {d}/run.log)"
-            print(f"{status}: {path} seed {seed} in {time.perf_counter() - t0:.0f} s", flush=True)
+            print(f"{status}: {label} seed {seed} in {time.perf_counter() - t0:.0f} s", flush=True)
             if proc.returncode == 0:
-                done.append((path, seed, d))
+                done.append((path, threads, label, seed, d))
     out = []
-    for path, seed, d in sorted(done, key=lambda x: (args.code_paths.index(x[0]), x[1])):
+    for path, threads, label, seed, d in sorted(done, key=lambda x: (labels.index(x[2]), x[3])):
         with open(os.path.join(d, "results.json"), encoding="utf-8") as f:
             out.append(
                 {
-                    "code_path": path,
+                    "code_path": label,
+                    "xla_flags": CODE_PATHS[path],
+                    "threads": threads,
                     "seed": seed,
                     "dir": os.path.relpath(d, os.path.abspath(args.out)),
                     **json.load(f),
@@ -183,14 +219,18 @@ def main(argv=None) -> int:
         print("no finished run", file=sys.stderr)
         return 1
     command = "python experiments/bahdanau2015/seeds.py " + " ".join(
-        [f"--seeds {','.join(map(str, args.seeds))}", f"--code-paths {','.join(args.code_paths)}"]
+        [
+            f"--seeds {','.join(map(str, args.seeds))}",
+            f"--code-paths {','.join(args.code_paths)}",
+            f"--threads {','.join(map(str, args.threads))}",
+        ]
     )
     md, ranges = study_markdown(runs, command)
     missing = getattr(args, "missing", [])
     if missing:
         md += (
             f"\nNot finished, so not in these numbers ({len(missing)} of {len(missing) + len(runs)} runs): "
-            + ", ".join(f"{path} seed {seed}" for path, seed in missing)
+            + ", ".join(f"{label} seed {seed}" for label, seed in missing)
             + ".\n"
         )
     out = os.path.abspath(args.out)
@@ -205,9 +245,10 @@ def main(argv=None) -> int:
                 {
                     "command": command,
                     "runs": len(runs),
-                    "missing": [f"{path} seed {seed}" for path, seed in missing],
+                    "missing": [f"{label} seed {seed}" for label, seed in missing],
                     "seeds": sorted({r["seed"] for r in runs}),
                     "code_paths": sorted({r["code_path"] for r in runs}),
+                    "threads": sorted({r["threads"] for r in runs}),
                     "ranges": ranges,
                     "findings_held": {
                         f["name"]: sum(
