@@ -7,10 +7,18 @@
 
 The sharded train step itself is ``attn_jax.train.make_sharded_train_step`` (it uses these). This package
 imports only jax, numpy and flax: never models, data or train code. Multi-process runs join with
-:func:`initialize` (``jax.distributed``) before anything touches a device.
+:func:`initialize` (``jax.distributed``) before anything touches a device; :func:`leaving` and
+:func:`await_peer_report` let a failing process tell the others and blame a lost peer first.
 """
 
-from attn_jax.parallel._distributed import DistributedError, cluster_environment, initialize
+from attn_jax.parallel._distributed import (
+    PEER_LOST_STATUS,
+    DistributedError,
+    await_peer_report,
+    cluster_environment,
+    initialize,
+    leaving,
+)
 from attn_jax.parallel._mesh import MESH_AXES, make_mesh
 from attn_jax.parallel._pipeline import pipelined_stack, stacked_scan
 from attn_jax.parallel._rules import (
@@ -44,6 +52,9 @@ __all__ = [
     "shard_state",
     "stacked_scan",
     "DistributedError",
+    "PEER_LOST_STATUS",
+    "await_peer_report",
     "cluster_environment",
     "initialize",
+    "leaving",
 ]

@@ -11,23 +11,37 @@ Under a cluster launcher (Slurm with several tasks, Open MPI's ``mpirun``, a mul
 is needed: :func:`cluster_environment` recognises it and ``jax.distributed.initialize()`` reads the coordinator,
 process count and id from it. Without flags and without a launcher the run is a single process.
 
-**A dead peer.** Every process sends heartbeats to the coordination service; a process silent for
-``heartbeat_timeout_s`` is declared dead and the service stops every other process: the JAX runtime terminates
-it (``SIGABRT``, exit status 134) with ``Terminating process because the JAX distributed service detected fatal
-errors. This most likely indicates that another task died`` on stderr. When the coordinator (process 0) dies,
-the others notice at once (the service's connection closes). So a run never hangs on a lost peer for longer than
-the heartbeat timeout; restart all processes with ``--resume``.
+**A lost peer.** Before joining, the processes meet in a roll call on the coordinator's port (process 0 listens
+there; see ``_peers.py``) and keep those connections open for the whole run. So a process that never starts is
+named after ``timeout_s`` (``process 0 waited 10 s at HOST:PORT for process 1 of 2, which never joined``), and
+one that is killed or crashes mid-run is named at once by the others (``process 1 of 2 stopped without a goodbye
+(killed or crashed) in the run coordinated at HOST:PORT``): each survivor calls ``on_peer_lost`` with that line,
+which by default prints it and ends the process with status 4, before the JAX runtime would terminate it with
+``SIGABRT`` and a C++ stack trace. Restart every process with ``--resume``. Three cases are beyond this process's
+reach, because the runtime terminates it from its own threads first: the coordinator (process 0) lost (its
+connection closes, and the runtime reacts within milliseconds), a peer that hangs without dying (the runtime's
+heartbeat timeout, ``heartbeat_timeout_s``), and runs whose coordinator, process count and id come from a
+cluster launcher (Slurm, ``mpirun``, TPU; the launcher stops the remaining tasks). ``attn-jax train`` covers the
+first two with a parent process (``attn_jax/cli_supervise.py``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
-from collections.abc import Sequence
+import sys
+import threading
+from collections.abc import Callable, Sequence
 
 import jax
 
-__all__ = ["DistributedError", "cluster_environment", "initialize"]
+from attn_jax.parallel._peers import RollCallError, Watch, roll_call
+
+__all__ = ["DistributedError", "await_peer_report", "cluster_environment", "initialize", "leaving"]
+
+PEER_LOST_STATUS = 4  # the exit status of the default on_peer_lost
+_watch: Watch | None = None  # this process's watch over the others, once joined with explicit arguments
 
 
 class DistributedError(RuntimeError):
@@ -62,6 +76,15 @@ def cluster_environment() -> str | None:
     return None
 
 
+def _stop(message: str) -> None:
+    """The default ``on_peer_lost``: the line on stderr, then exit at once with :data:`PEER_LOST_STATUS`."""
+    with contextlib.suppress(Exception):
+        sys.stdout.flush()
+    print(f"attn_jax: error: {message}", file=sys.stderr, flush=True)
+    # Not sys.exit: the runtime's exit barrier would wait for the lost peer, then abort.
+    os._exit(PEER_LOST_STATUS)
+
+
 def _check_seconds(name: str, value) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"{name} must be a positive whole number of seconds, got {value!r}")
@@ -76,6 +99,7 @@ def initialize(
     local_device_ids: int | Sequence[int] | None = None,
     timeout_s: int = 300,
     heartbeat_timeout_s: int = 60,
+    on_peer_lost: Callable[[str], object] = _stop,
 ) -> bool:
     """Join this process to a multi-process run (``jax.distributed.initialize``), or do nothing for one process.
 
@@ -91,18 +115,24 @@ def initialize(
       num_processes: how many processes the run has.
       process_id: this process's index, ``0 <= process_id < num_processes``.
       local_device_ids: restrict this process to these local accelerators (GPUs), e.g. one GPU per process.
-      timeout_s: how long to wait for every process to join.
-      heartbeat_timeout_s: a process silent this long is declared dead and the others are stopped (see the
-        module docstring); the same bound applies to waiting for the others when exiting.
+      timeout_s: how long to wait for every process to join (the roll call), and then for the JAX runtime to
+        connect them.
+      heartbeat_timeout_s: a process silent this long is declared dead by the JAX runtime and the others are
+        terminated (see the module docstring); the same bound applies to waiting for the others when exiting.
+      on_peer_lost: called once, from a background thread, with one line naming the process that is gone
+        (killed, crashed, or ended with an error) and the coordinator's address; it should end this process
+        at once (``os._exit``: a normal exit would wait for the lost peer). The default prints the line on
+        stderr and exits with status :data:`PEER_LOST_STATUS` (4). With explicit arguments only (see the
+        module docstring).
 
     Returns:
       True when this process is part of a multi-process run (``jax.distributed`` initialised), else False.
 
     Raises:
       ValueError: inconsistent or missing arguments (naming them).
-      DistributedError: JAX already in use, the launcher's detection failed, or joining failed. (When the
-        coordinator cannot be reached within ``timeout_s``, the JAX runtime itself terminates the process with
-        ``DEADLINE_EXCEEDED ... RegisterTask`` on stderr.)
+      DistributedError: JAX already in use, the launcher's detection failed, or joining failed: a process
+        missing after ``timeout_s`` (named, with the coordinator's address), process 0 unreachable, or flags
+        that disagree between processes.
 
     >>> initialize() if cluster_environment() is None else False  # no flags, no launcher: nothing to join
     False
@@ -136,15 +166,35 @@ def initialize(
         )
     timeout_s = _check_seconds("timeout_s", timeout_s)
     heartbeat_timeout_s = _check_seconds("heartbeat_timeout_s", heartbeat_timeout_s)
+    global _watch
+    explicit = None not in (coordinator, num_processes, process_id) and num_processes > 1
+    if explicit and _watch is None:
+        try:
+            _watch = roll_call(coordinator, num_processes, process_id, timeout_s, on_peer_lost)
+        except RollCallError as e:
+            raise DistributedError(str(e)) from None
     if jax.config.jax_cpu_collectives_implementation is None:
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    stuck = None
+    if explicit:  # every process answered, yet the runtime's own join can still fail: end it before it aborts
+        stuck = threading.Timer(
+            timeout_s,
+            on_peer_lost,
+            [
+                f"process {process_id}: all {num_processes} processes answered the roll call at {coordinator}, "
+                f"but the JAX runtime did not connect them within {timeout_s} s"
+            ],
+        )
+        stuck.daemon = True
+        stuck.start()
     try:
         jax.distributed.initialize(
             coordinator,
             num_processes,
             process_id,
             local_device_ids=local_device_ids,
-            initialization_timeout=timeout_s,
+            # With a roll call the timer above ends a stuck join first: the runtime's own deadline aborts.
+            initialization_timeout=timeout_s + 60 if explicit else timeout_s,
             heartbeat_timeout_seconds=heartbeat_timeout_s,
             shutdown_timeout_seconds=heartbeat_timeout_s,
         )
@@ -164,4 +214,29 @@ def initialize(
         ) from None
     except ValueError as e:  # jax's own checks of what the launcher supplied
         raise DistributedError(f"cannot initialise jax.distributed: {e}") from None
+    finally:
+        if stuck is not None:
+            stuck.cancel()
     return True
+
+
+def leaving(status: int) -> None:
+    """Tell the other processes of the run that this one ends with exit status ``status``.
+
+    Call it once, before printing this process's own error line: with a non-zero ``status`` the lost peers are
+    no longer reported from here (this process's line is the one to print), and the others report this one as
+    ``left with exit status N``. After a non-zero status end the process with ``os._exit`` (a normal exit waits
+    in the JAX runtime's exit barrier for peers that will not come, then aborts). A no-op in a single process.
+    """
+    if _watch is not None:
+        _watch.leave(status)
+
+
+def await_peer_report(timeout_s: float) -> bool:
+    """Wait up to ``timeout_s`` for a lost peer to be reported (``on_peer_lost``); True if one was.
+
+    After a failure in a multi-process run (a collective that failed, a barrier that timed out), give the
+    watch a moment: a lost peer is the likelier cause and the better message. False at once in a single
+    process.
+    """
+    return _watch is not None and _watch.await_report(timeout_s)
