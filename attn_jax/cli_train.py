@@ -9,8 +9,20 @@
 Several processes (hosts) train one model together: start the same command on each, with the address of process
 0 and each process's index (``--coordinator HOST:PORT --num-processes N --process-id I``), the workdir on a
 filesystem all of them see, and a ``parallel.strategy`` other than ``none``; under Slurm (``srun``), ``mpirun``
-or a multi-host TPU slice the three flags are detected. If a process dies, the others stop within
-``--heartbeat-timeout`` seconds (the JAX runtime terminates them); restart every process with ``--resume``.
+or a multi-host TPU slice the three flags are detected. Restart every process with ``--resume`` after a failure.
+
+With the three flags, each process first says ``waiting up to T s (--distributed-timeout) for all N processes to
+join at HOST:PORT`` and the processes meet in a roll call on that port; one missing after ``--distributed-timeout``
+seconds is named (``process 0 waited T s at HOST:PORT for process 1 of 2, which never joined ...``; a process
+other than 0: ``process 1 could not reach process 0 (the coordinator) at HOST:PORT within T s ...``). During the
+run a process that is killed or crashes is named by the others at once (``process 1 of 2 stopped without a
+goodbye (killed or crashed) in the run coordinated at HOST:PORT; process 0 stops too; ...``, or ``process 0 (the
+coordinator, HOST:PORT) stopped without a goodbye ...``), one that hangs after ``--heartbeat-timeout`` seconds
+(``process 1 of 2 sent no heartbeat for S s ...``), and one that ends with an error by its exit status (``process
+1 of 2 left with exit status 3 ...``): every survivor prints that one line and exits with 4. To keep the JAX
+runtime's own reaction (``SIGABRT`` and a C++ stack trace) off the terminal, such a process runs the trainer as
+a child of itself and relays its output (``attn_jax/cli_supervise.py``). Under a cluster launcher the launcher
+handles lost tasks instead.
 
 Every config field can be overridden with ``--config.<key>=<value>`` (or ``--config.<key> <value>``); the value
 is parsed as the field's type (``true``/``false`` for booleans, ``16,32`` for tuples). The workdir receives
@@ -22,7 +34,9 @@ checkpoint cannot be written (a full disk: the failed save is reported as soon a
 checkpoint is left intact), no checkpoint can be read on ``--resume``, or the machine ran out of memory; 2 a bad
 flag, config file (including one whose ``get_config`` raises), key or value, found before anything is trained;
 3 training diverged (NaN/inf loss; nothing saved after the last good checkpoint); 4 the processes of a
-multi-process run could not join or a peer failed; 130 interrupted.
+multi-process run could not join (a process missing after ``--distributed-timeout``, named) or another process
+was lost (killed, crashed, hung, or ended with an error; named); 130 interrupted; ``128 + N`` this process of a
+multi-process run was killed by signal N (e.g. 137: ``SIGKILL``, out of memory).
 
 ``--resume`` restores the newest checkpoint that can be read. A newer one that cannot (a truncated or deleted
 file) is moved to ``<workdir>/damaged-checkpoints/<step>`` (kept, never deleted, so the resumed run's own saves
@@ -36,6 +50,7 @@ import contextlib
 import gc
 import logging
 import os
+import re
 import sys
 
 _PREFIX = "--config."
@@ -73,7 +88,7 @@ def add_train_parser(subparsers) -> argparse.ArgumentParser:
             "attn_jax/train/_config.py for the schema. A config file is PATH.py or PATH.py:VARIANT (e.g. "
             ":smoke). Set JAX_COMPILATION_CACHE_DIR to reuse compiled steps across runs. Exit status: 0 done, "
             "1 corpus, workdir, checkpoint or memory error, 2 bad flag/config, 3 diverged (NaN/inf), "
-            "4 multi-process failure, 130 interrupted."
+            "4 multi-process failure (a process missing or lost: named), 130 interrupted."
         ),
     )
     p.add_argument(
@@ -112,14 +127,16 @@ def add_train_parser(subparsers) -> argparse.ArgumentParser:
         type=int,
         default=300,
         metavar="SECONDS",
-        help="how long to wait for every process to join (default: %(default)s)",
+        help="how long to wait for every process to join; a missing one is then named and this process exits "
+        "with 4 (default: %(default)s)",
     )
     group.add_argument(
         "--heartbeat-timeout",
         type=int,
         default=60,
         metavar="SECONDS",
-        help="a process silent this long is declared dead and the others stop (default: %(default)s)",
+        help="a process silent this long (hung) is declared lost and the others exit with 4; a killed one is "
+        "noticed at once (default: %(default)s)",
     )
     p.set_defaults(func=run_train, overrides=[])
 
@@ -137,8 +154,26 @@ def add_train_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def _error(message: str, status: int) -> int:
+    from attn_jax.parallel import leaving
+
+    leaving(status)  # first: in a multi-process run the others then report this process, not the reverse
     print(f"attn-jax train: error: {' '.join(str(message).split())}", file=sys.stderr)
     return status
+
+
+def _peer_lost(message: str) -> None:
+    """A multi-process run's watch found a peer gone (from a background thread): one line, exit 4 at once."""
+    with contextlib.suppress(Exception):
+        sys.stdout.flush()
+    print(
+        f"attn-jax train: error: {message}; restart every process with --resume", file=sys.stderr, flush=True
+    )
+    os._exit(4)  # not sys.exit: the JAX runtime's exit barrier would wait for the lost peer, then abort
+
+
+# How the XLA runtime words a failed operation (a collective whose peer is gone raises ValueError, not
+# JaxRuntimeError: "UNKNOWN: Gloo all-reduce failed: ... Connection reset by peer").
+_RUNTIME_STATUS = re.compile(r"[A-Z][A-Z_]+: ")
 
 
 class _NotOrbaxNoise(logging.Filter):
@@ -178,30 +213,59 @@ def _orbax_noise_quieted():
 
 def run_train(args: argparse.Namespace) -> int:
     """Run ``attn-jax train`` with parsed arguments; returns the exit status."""
+    from attn_jax.cli_supervise import WORKER_ENV, supervise, watch_parent
+
+    flags = [getattr(args, name, None) for name in ("coordinator", "num_processes", "process_id")]
+    timeout = getattr(args, "distributed_timeout", 300)
+    heartbeat = getattr(args, "heartbeat_timeout", 60)
+    multi = None not in flags and isinstance(flags[1], int) and flags[1] > 1
+    if multi and WORKER_ENV not in os.environ and getattr(args, "argv", None) is not None:
+        return supervise(args.argv, *flags, heartbeat)  # the trainer runs in a child; see cli_supervise.py
+    if WORKER_ENV in os.environ:
+        watch_parent()
     import jax  # lazy: `attn-jax --help` and `attn-jax data` stay fast
 
-    from attn_jax.parallel import DistributedError, initialize
+    from attn_jax.parallel import DistributedError, initialize, leaving
 
+    if multi and isinstance(flags[2], int) and 0 <= flags[2] < flags[1]:  # bad flags: initialize says so
+        coordinator, count, index = flags
+        print(
+            f"attn-jax train: process {index} of {count}: waiting up to {timeout} s (--distributed-timeout) "
+            f"for all {count} processes to join at {coordinator}",
+            flush=True,
+        )
     try:  # before anything touches a device
         joined = initialize(
-            getattr(args, "coordinator", None),
-            getattr(args, "num_processes", None),
-            getattr(args, "process_id", None),
-            timeout_s=getattr(args, "distributed_timeout", 300),
-            heartbeat_timeout_s=getattr(args, "heartbeat_timeout", 60),
+            *flags,
+            timeout_s=timeout,
+            heartbeat_timeout_s=heartbeat,
+            on_peer_lost=_peer_lost,
         )
     except ValueError as e:  # a bad combination of the multi-process flags
         return _error(e, 2)
     except DistributedError as e:
         return _error(e, 4)
-    if joined:
-        print(
-            f"attn-jax train: process {jax.process_index()} of {jax.process_count()} joined: "
-            f"{jax.local_device_count()} local devices, {jax.device_count()} in all",
-            flush=True,
-        )
+    if not joined:
+        return _train(args, joined)
+    print(
+        f"attn-jax train: process {jax.process_index()} of {jax.process_count()} joined: "
+        f"{jax.local_device_count()} local devices, {jax.device_count()} in all",
+        flush=True,
+    )
+    status = _train(args, joined)
+    if status != 0:  # its line is printed and the others are told; skip the runtime's exit barrier
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(status)
+    leaving(0)
+    return 0
+
+
+def _train(args: argparse.Namespace, joined: bool) -> int:
+    import jax
 
     from attn_jax.data import CorpusError
+    from attn_jax.parallel import await_peer_report
     from attn_jax.train import (
         CheckpointSaveError,
         CheckpointUnreadable,
@@ -215,11 +279,18 @@ def run_train(args: argparse.Namespace) -> int:
     )
 
     try:
-        config = apply_overrides(load_config(args.config), args.overrides)
-        check_config(config)
-        tty = {"auto": None, "bar": True, "lines": False}[args.progress]
-        with _orbax_noise_quieted():
-            result = train_and_evaluate(config, args.workdir, resume=args.resume, tty=tty)
+        try:
+            config = apply_overrides(load_config(args.config), args.overrides)
+            check_config(config)
+            tty = {"auto": None, "bar": True, "lines": False}[args.progress]
+            with _orbax_noise_quieted():
+                result = train_and_evaluate(config, args.workdir, resume=args.resume, tty=tty)
+        except Exception:
+            # A lost peer surfaces here as a failed collective, barrier or checkpoint write; the watch names
+            # the peer (and ends this process) within moments, a better line than this failure's own.
+            if joined:
+                await_peer_report(3.0)
+            raise
     except ConfigError as e:
         return _error(e, 2)
     except CorpusError as e:
@@ -231,14 +302,19 @@ def run_train(args: argparse.Namespace) -> int:
     except OSError as e:  # any other file the run writes (metrics, vocabularies, TensorBoard): a full disk
         where = f"{e.filename}: " if e.filename else ""
         return _error(f"{where}{e.strerror or e}", 1)
-    except (MemoryError, jax.errors.JaxRuntimeError) as e:
+    except (MemoryError, ValueError, jax.errors.JaxRuntimeError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        if isinstance(e, ValueError) and not (joined and _RUNTIME_STATUS.match(first)):
+            raise
         if isinstance(e, MemoryError) or "RESOURCE_EXHAUSTED" in first or "memory" in first.lower():
             return _error(f"out of memory (model or batch too large for this machine): {first[:300]}", 1)
-        if jax.process_count() > 1:
+        if joined:
             return _error(f"multi-process run failed (did another process die?): {first[:300]}", 4)
         raise
     except KeyboardInterrupt:
+        from attn_jax.parallel import leaving
+
+        leaving(130)
         print("attn-jax train: interrupted; resume with --resume", file=sys.stderr)
         return 130
     if result.validation is not None and jax.process_index() == 0:
