@@ -1,5 +1,5 @@
 """Multi-process training through ``attn-jax train``: 2 processes × 2 CPU devices train like 1 process × 4 devices,
-their checkpoint resumes in a single process, and a killed peer stops the survivor instead of hanging it.
+their checkpoint resumes in a single process. A peer that never starts or dies: tests/test_multiprocess_failures.py.
 
 Every process is a subprocess of its own (``jax.distributed`` is process-global) on 127.0.0.1 only, with a port
 taken from a socket bound to port 0, and a hard ``timeout``. The two single-process runs share a persistent
@@ -10,11 +10,9 @@ never sent, until Gloo's 30 s timeout stopped process 0).
 
 import os
 import pathlib
-import signal
 import socket
 import subprocess
 import sys
-import time
 
 import jax
 import numpy as np
@@ -170,32 +168,6 @@ def test_two_processes_train_like_one_and_resume_in_one(tmp_path):
         for name, workdir in (("one", one), ("two", two))
     }
     np.testing.assert_allclose(losses["two"], losses["one"], rtol=1e-5)  # step 4 saw the same batch
-
-
-@pytest.mark.slow
-def test_a_killed_peer_stops_the_survivor(tmp_path):
-    heartbeat = 5
-    procs = _pair(tmp_path / "run", tmp_path, "kill", heartbeat=heartbeat)
-    survivor, victim = procs
-    try:
-        deadline = time.monotonic() + TIMEOUT
-        joined = [tmp_path / f"kill{i}.out" for i in range(2)]
-        while not all("joined" in p.read_text() for p in joined):
-            assert all(p.poll() is None for p in procs), "a process ended before both had joined"
-            assert time.monotonic() < deadline, "the processes did not join"
-            time.sleep(0.1)
-        victim.send_signal(signal.SIGKILL)
-        killed_at = time.monotonic()
-        code, out, err = _finish(survivor, 3 * heartbeat + 60)
-        waited = time.monotonic() - killed_at
-    finally:
-        for p in procs:
-            _finish(p, 0)  # kills what still runs; closes the log files
-    assert code != 0, out[-2000:] + err[-2000:]
-    assert waited < 3 * heartbeat + 60, f"the survivor hung for {waited:.0f} s"
-    # The JAX runtime's own words (see attn_jax/parallel/_distributed.py): the peer stopped sending heartbeats.
-    assert "another task died" in err or "multi-process run failed" in err, err[-3000:]
-    print(f"survivor exited with {code} {waited:.1f} s after the kill")
 
 
 LAUNCHER_VARIABLES = (
