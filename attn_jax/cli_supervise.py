@@ -10,9 +10,10 @@ by signal, and only a parent outlives that.
 
 The worker's stdout is this process's (the progress bar sees the terminal); its stderr passes through here, each
 line held back ``_HOLD_S`` seconds so that the runtime's last words before terminating it (its log lines and the
-stack trace) can be dropped and replaced by one line. The worker runs in a session of its own: signals sent to
-this process (Ctrl-C, ``kill``) reach it once, forwarded from here; if this process is killed, the worker sees
-its pipe from here close and exits.
+stack trace) can be dropped and replaced by one line; when the worker itself ends on a lost peer (status 4, its
+own line), the runtime's log lines about that loss are dropped the same way. The worker runs in a session of its
+own: signals sent to this process (Ctrl-C, ``kill``) reach it once, forwarded from here; if this process is
+killed, the worker sees its pipe from here close and exits.
 """
 
 from __future__ import annotations
@@ -26,9 +27,9 @@ import sys
 import threading
 import time
 
-WORKER_ENV = (
-    "ATTN_JAX_TRAIN_WORKER"  # in the worker: the fd of the pipe from its parent (closed: parent gone)
-)
+# Set in the worker: the fd of the pipe from its parent (closed: the parent is gone).
+WORKER_ENV = "ATTN_JAX_TRAIN_WORKER"
+LOST = 4  # the exit status of a process whose run lost (or never gathered) another process
 _HOLD_S = 2.0  # the runtime's log lines come within milliseconds of its abort: a generous margin
 
 
@@ -115,6 +116,13 @@ def supervise(
         timeout=2.0
     )  # the rest of its stderr (a child of its own could keep the pipe open: not waited on)
     status = worker.returncode
+    if status == LOST:
+        # Its watch named the lost process; the runtime's log lines about the same loss (a preemption-notice
+        # warning when the coordinator's connection closes) came within milliseconds and say nothing more.
+        with lock:
+            kept = [(t, line) for t, line in held if line.startswith(b"attn-jax train: ")]
+            held.clear()
+            held.extend(kept)
     if status >= 0:
         release(float("inf"))
         return status
@@ -133,7 +141,7 @@ def supervise(
             last_words = b"".join(line for _, line in held).decode("utf-8", "replace")
             held.clear()
         message = _what_stopped(last_words, coordinator, num_processes, process_id, heartbeat_s)
-        status = 4
+        status = LOST
     print(
         f"attn-jax train: error: {message}; restart every process with --resume", file=sys.stderr, flush=True
     )
