@@ -25,7 +25,9 @@ from attn_jax.train import default_config, smoke_config
 def get_config(arg: str | None = None):
     c = default_config()
     c.seed = 0
-    c.num_train_steps = 3000
+    # 1,500 updates of 64 sentences: the same compute as 3,000 of 32, with half the gradient noise while the
+    # attention locks on (updates 500-1000); see the docstring.
+    c.num_train_steps = 1500
     c.log_every = 50
     c.eval_every = 500
     c.checkpoint_every = 500
@@ -41,7 +43,7 @@ def get_config(arg: str | None = None):
     c.data.synthetic_spec.update(
         train_size=20_000, validation_size=500, test_per_bucket=100, seed=0, min_length=3, max_length=30
     )
-    c.data.update(batch_size=32, eval_batch_size=64, bucket_boundaries=(16, 24, 32))
+    c.data.update(batch_size=64, eval_batch_size=64, bucket_boundaries=(16, 24, 32))
     if arg == "smoke":
         return smoke_config(c)
     if arg is not None:
