@@ -30,15 +30,19 @@ from attn_jax.data._batching import (
     parse_alignment,
 )
 from attn_jax.data._corpus import (
+    VALIDATION_NAMES,
     CorpusError,
     CorpusSpec,
     ParallelCorpus,
     corpus_from_pairs,
+    find_splits,
     load_synthetic_corpus,
     load_tfds_corpus,
     read_moses_corpus,
     read_plain_corpus,
     read_tsv_corpus,
+    resolve_split,
+    split_path,
 )
 from attn_jax.data._synthetic import (
     GENERATOR_VERSION,
@@ -73,6 +77,7 @@ __all__ = [
     "SPECIAL_TOKENS",
     "TEST_BUCKETS",
     "UNK_ID",
+    "VALIDATION_NAMES",
     "AttnJaxSynthetic",
     "Batch",
     "BatchConfig",
@@ -92,6 +97,7 @@ __all__ = [
     "assemble_batch",
     "corpus_from_pairs",
     "encode_corpus",
+    "find_splits",
     "generate_synthetic",
     "length_bucket",
     "load_synthetic_corpus",
@@ -104,6 +110,8 @@ __all__ = [
     "read_moses_corpus",
     "read_plain_corpus",
     "read_tsv_corpus",
+    "resolve_split",
     "save_vocabularies",
+    "split_path",
     "translate_source",
 ]

@@ -5,6 +5,10 @@ is empty are skipped and counted (``skipped_empty``); every other problem raises
 message starts with ``file:line:`` (or the file, or the dataset name) so that the CLI can print it as one
 line.
 
+File corpora of several splits name their files with ``{split}`` (``data/{split}.en``): :func:`split_path`
+fills it in, :func:`find_splits` lists the splits that have files, and :func:`resolve_split` reads ``valid`` or
+``dev`` for ``validation`` when the corpus names its validation split so.
+
 WMT'14 English-French, the data of Bahdanau et al. (2015), comes through TFDS. TFDS downloads and prepares it
 once, on a machine with internet access; after that it loads offline from ``data_dir``::
 
@@ -24,7 +28,9 @@ once, on a machine with internet access; after that it loads offline from ``data
 from __future__ import annotations
 
 import dataclasses
+import glob
 import os
+import re
 from collections.abc import Iterable, Sequence
 
 from attn_jax.data._synthetic import SPLITS
@@ -132,6 +138,94 @@ def read_plain_corpus(source_path: str | os.PathLike, target_path: str | os.Path
         f"{os.fspath(source_path)} | {os.fspath(target_path)}",
         zip(src, tgt, strict=True),
         with_alignments=False,
+    )
+
+
+SPLIT_FIELD = "{split}"
+# What corpora commonly call the validation split; "validation" (the TFDS and built-in name) comes first.
+VALIDATION_NAMES = ("validation", "valid", "dev")
+# The order in which `attn-jax data` lists the splits it finds; others follow alphabetically.
+_SPLIT_ORDER = ("train", *VALIDATION_NAMES, "test")
+
+
+def split_path(pattern: str | os.PathLike, split: str) -> str:
+    """``pattern`` with every ``{split}`` replaced by ``split`` (other braces are kept as they are).
+
+    >>> split_path("data/{split}.en", "valid")
+    'data/valid.en'
+    """
+    return os.fspath(pattern).replace(SPLIT_FIELD, split)
+
+
+def find_splits(pattern: str | os.PathLike) -> list[str]:
+    """The split names for which ``pattern`` (a path with ``{split}``) names an existing file or directory.
+
+    Ordered train, validation, valid, dev, test, then the rest alphabetically; ``[]`` when none exists.
+
+    >>> find_splits("/nonexistent/{split}.en")
+    []
+    """
+    pattern = os.fspath(pattern)
+    parts = pattern.split(SPLIT_FIELD)
+    if len(parts) < 2:
+        raise ValueError(f"{pattern}: has no {SPLIT_FIELD}")
+    # Every {split} stands for the same name: the first one captures it, the others must repeat it.
+    fields = [f"(?P<split>[^{re.escape(os.sep)}]+)"] + ["(?P=split)"] * (len(parts) - 2)
+    regex = re.compile(
+        re.escape(parts[0]) + "".join(f + re.escape(p) for f, p in zip(fields, parts[1:], strict=True))
+    )
+    found = set()
+    for path in glob.glob("*".join(glob.escape(p) for p in parts)):
+        m = regex.fullmatch(path)
+        if m:
+            found.add(m.group("split"))
+    known = [s for s in _SPLIT_ORDER if s in found]
+    return known + sorted(found - set(known))
+
+
+def resolve_split(
+    patterns: Sequence[str | os.PathLike], split: str, *, choose: str = "the split", skip: str = ""
+) -> str:
+    """The split to read for ``split`` from files named by ``patterns`` (paths with ``{split}``).
+
+    ``split`` itself, unless it is ``validation`` and no file of it exists: then ``valid`` or ``dev``, whichever
+    has files (corpora name their validation split either way). Patterns without ``{split}`` name the same
+    files for every split and are left alone.
+
+    Args:
+      patterns: the corpus' path patterns (source and target, or one TSV path).
+      split: the split asked for.
+      choose: what the user sets to name a split, for the error message (e.g. ``data.eval_split``).
+      skip: how to do without the split, for the error message (e.g. ``data.eval_split=none``).
+
+    Returns:
+      The split name whose files to read. Raises :class:`CorpusError` in one line when ``validation`` has no
+      files and both ``valid`` and ``dev`` do (naming them), or when none of the three has files (naming
+      the paths tried).
+    """
+    patterns = [os.fspath(p) for p in patterns]
+    if split != VALIDATION_NAMES[0] or not any(SPLIT_FIELD in p for p in patterns):
+        return split
+
+    def exists(name: str) -> bool:
+        return any(os.path.exists(split_path(p, name)) for p in patterns)
+
+    if exists(split):
+        return split
+    present = [name for name in VALIDATION_NAMES[1:] if exists(name)]
+    if len(present) == 1:
+        return present[0]
+    first = patterns[0]
+    if present:
+        named = " and ".join(f"{name} ({split_path(first, name)})" for name in present)
+        raise CorpusError(
+            f"{first}: no validation split ({split_path(first, split)}), and several candidates: {named}; "
+            f"set {choose} to the one to use, e.g. {choose}={present[0]}"
+        )
+    tried = ", ".join(split_path(first, name) for name in VALIDATION_NAMES)
+    instead = f", or {skip} to do without one" if skip else ""
+    raise CorpusError(
+        f"{first}: no validation split: none of {tried} exists; set {choose} to its name{instead}"
     )
 
 
@@ -297,7 +391,8 @@ class CorpusSpec:
             )
 
     def load(self, split: str) -> ParallelCorpus:
-        """Read ``split``; for file corpora ``{split}`` in the paths is replaced by the split name."""
+        """Read ``split``; for file corpora ``{split}`` in the paths is replaced by the split name, and
+        ``validation`` reads ``valid`` or ``dev`` when it has no files (:func:`resolve_split`)."""
         if self.synthetic is not None:
             return load_synthetic_corpus(split, self.synthetic, data_dir=self.data_dir)
         if self.tfds is not None:
@@ -309,9 +404,9 @@ class CorpusSpec:
                 data_dir=self.data_dir,
             )
         if self.plain is not None:
-            src, tgt = (p.format(split=split) for p in self.plain)
-            return read_plain_corpus(src, tgt)
-        return read_tsv_corpus(self.tsv.format(split=split))
+            split = resolve_split(self.plain, split)
+            return read_plain_corpus(*(split_path(p, split) for p in self.plain))
+        return read_tsv_corpus(split_path(self.tsv, resolve_split([self.tsv], split)))
 
 
 def corpus_from_pairs(
