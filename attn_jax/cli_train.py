@@ -6,6 +6,19 @@
     attn-jax train --config configs/rnnsearch50.py --workdir runs/rnnsearch50 --resume   # after a crash/kill
     attn-jax train --config configs/rnnsearch50.py --workdir runs/r50 --config.parallel.strategy=data  # all devices
 
+Your own plain-text corpus (one sentence a line, line-aligned; ``{split}`` stands for the split name)::
+
+    attn-jax train --config configs/rnnsearch_cpu.py --workdir runs/mine --config.data.corpus=plain
+        --config.data.source_path='data/{split}.en' --config.data.target_path='data/{split}.fr'    # one command
+
+reads ``data/train.*`` and, for validation, ``data/validation.*`` or else ``data/valid.*`` or ``data/dev.*``
+(one line names the files used; an error if both ``valid`` and ``dev`` exist: set ``--config.data.eval_split``).
+``--config.data.eval_split=none`` trains without validation (the best checkpoint is then the latest). At start-up
+one line per split says which files it read, how many pairs were kept, and how many were dropped for each reason
+(source over ``data.max_source_length``, target over ``data.max_target_length``, both, an empty side, beyond
+``data.max_train_examples``/``max_eval_examples``); ``WORKDIR/data.json`` holds the same counts.
+``attn-jax data --src 'data/{split}.en' --tgt 'data/{split}.fr'`` shows the corpus' statistics first.
+
 Several processes (hosts) train one model together: start the same command on each, with the address of process
 0 and each process's index (``--coordinator HOST:PORT --num-processes N --process-id I``), the workdir on a
 filesystem all of them see, and a ``parallel.strategy`` other than ``none``; under Slurm (``srun``), ``mpirun``

@@ -24,6 +24,7 @@ from attn_jax.train._config import (
     check_config,
     default_config,
     flatten_config,
+    has_eval_split,
     load_config,
     model_config,
     model_defaults,
@@ -32,7 +33,16 @@ from attn_jax.train._config import (
     smoke_config,
 )
 from attn_jax.train._diagnostics import DIAG_BAND, AttentionStats, attention_stats, summarize_attention
-from attn_jax.train._inputs import Inputs, data_state, load_corpus, make_inputs, restore_data_state
+from attn_jax.train._inputs import (
+    Inputs,
+    SplitReport,
+    data_state,
+    describe_split,
+    load_corpus,
+    make_inputs,
+    resolve_corpus_split,
+    restore_data_state,
+)
 from attn_jax.train._loop import TrainingDiverged, TrainResult, WorkdirError, evaluate, train_and_evaluate
 from attn_jax.train._loss import LossSums, loss_sums, sentence_losses, token_cross_entropy
 from attn_jax.train._metrics import MetricsLogger, read_metrics
@@ -81,6 +91,7 @@ __all__ = [
     "MetricsLogger",
     "OptimizerConfig",
     "Restored",
+    "SplitReport",
     "StepConfig",
     "TrainMetrics",
     "TrainResult",
@@ -94,9 +105,11 @@ __all__ = [
     "build_module",
     "check_config",
     "default_config",
+    "describe_split",
     "eval_step",
     "evaluate",
     "flatten_config",
+    "has_eval_split",
     "init_params",
     "init_train_state",
     "load_checkpoint",
@@ -112,6 +125,7 @@ __all__ = [
     "paper_config",
     "param_count",
     "read_metrics",
+    "resolve_corpus_split",
     "sentence_losses",
     "smoke_config",
     "summarize_attention",

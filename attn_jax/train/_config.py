@@ -31,7 +31,9 @@ A config file for another architecture starts from ``default_config(arch)``.
 ``validation_size``, ``test_per_bucket``, ``seed``, ``min_length``, ``max_length`` of the generator) and
 ``data.use_tfds`` (read the TFDS-built dataset instead of generating the same pairs in memory);
 ``data.tfds_name``/``source_key``/``target_key``/``data_dir``; ``data.source_path``/``target_path`` (plain
-text, ``{split}`` replaced by the split name); ``data.tsv_path``. ``data.train_split``/``eval_split``,
+text, ``{split}`` replaced by the split name); ``data.tsv_path``. ``data.train_split``/``eval_split``
+(``validation``; a file corpus without ``validation`` files reads its ``valid`` or ``dev`` ones, and says so;
+``none`` or ``""``: no validation split, so no validation runs and the best checkpoint is the latest),
 ``data.max_train_examples``/``max_eval_examples`` (0: all), ``data.src_vocab_size``/``tgt_vocab_size`` (the
 shortlist K; four specials are added), ``data.max_source_length``/``max_target_length`` (pairs longer are
 dropped), ``data.batch_size``/``eval_batch_size``, ``data.bucket_boundaries``, ``data.prefetch``.
@@ -75,6 +77,7 @@ __all__ = [
     "check_config",
     "default_config",
     "flatten_config",
+    "has_eval_split",
     "load_config",
     "model_defaults",
     "model_config",
@@ -356,6 +359,15 @@ def synthetic_spec(data: ml_collections.ConfigDict) -> SyntheticSpec:
         )
     except ValueError as e:
         raise ConfigError(f"data.synthetic_spec: {e}") from None
+
+
+def has_eval_split(data: ml_collections.ConfigDict) -> bool:
+    """Whether ``data.eval_split`` names a validation split; ``none`` (any case) or ``""`` trains without one.
+
+    >>> has_eval_split(apply_overrides(default_config(), ["data.eval_split=none"]).data)
+    False
+    """
+    return data.eval_split.strip().lower() not in ("", "none")
 
 
 def model_config(config: ml_collections.ConfigDict, src_vocab: int, tgt_vocab: int) -> ModelConfig:

@@ -20,19 +20,50 @@ import os
 from typing import Any, NamedTuple
 
 import ml_collections
+import numpy as np
 
 from attn_jax import data
-from attn_jax.train._config import batch_configs, synthetic_spec
+from attn_jax.train._config import batch_configs, has_eval_split, synthetic_spec
 
-__all__ = ["Inputs", "data_state", "load_corpus", "make_inputs", "restore_data_state"]
+__all__ = [
+    "Inputs",
+    "SplitReport",
+    "data_state",
+    "describe_split",
+    "load_corpus",
+    "make_inputs",
+    "restore_data_state",
+    "resolve_corpus_split",
+]
 
 
-def load_corpus(d: ml_collections.ConfigDict, split: str, max_examples: int = 0) -> data.ParallelCorpus:
-    """Split ``split`` of the corpus ``config.data`` describes (at most ``max_examples`` pairs; 0: all).
+def _patterns(d: ml_collections.ConfigDict) -> list[str] | None:
+    """The path patterns of a file corpus (``{split}`` in them names the split), None for the others."""
+    if d.corpus == "plain":
+        return [d.source_path, d.target_path]
+    if d.corpus == "tsv":
+        return [d.tsv_path]
+    return None
 
-    ``corpus='synthetic'`` without ``use_tfds`` runs the built-in generator in memory: the same pairs as the
-    TFDS dataset of that name (``train``, ``validation`` or the stratified ``test``), without TensorFlow.
+
+def resolve_corpus_split(d: ml_collections.ConfigDict, split: str, *, choose: str = "the split") -> str:
+    """The split of ``config.data``'s corpus to read for ``split``: itself, or for ``validation`` of a file
+    corpus without such files the ``valid`` or ``dev`` one (:func:`attn_jax.data.resolve_split`).
+
+    ``choose`` names what the user sets to pick a split, for the one-line :class:`attn_jax.data.CorpusError`
+    when ``valid`` and ``dev`` both exist or none of the three does.
     """
+    patterns = _patterns(d)
+    if patterns is None:
+        return split
+    skip = "data.eval_split=none" if choose == "data.eval_split" else ""
+    return data.resolve_split(patterns, split, choose=choose, skip=skip)
+
+
+def _read_split(
+    d: ml_collections.ConfigDict, split: str, max_examples: int = 0
+) -> tuple[data.ParallelCorpus, int]:
+    """``(corpus, pairs left out by max_examples)``; the count is 0 where the reader stops early (TFDS)."""
     data_dir = d.data_dir or None
     if d.corpus == "synthetic" and not d.use_tfds:
         base = split.split("[")[0]
@@ -45,16 +76,18 @@ def load_corpus(d: ml_collections.ConfigDict, split: str, max_examples: int = 0)
         if base != "test":
             spec = dataclasses.replace(spec, test_per_bucket=0)  # the stratified test split is slow to draw
         pairs = data.generate_synthetic(spec)[base]
+        beyond = max(0, len(pairs) - max_examples) if max_examples else 0
         if max_examples:
             pairs = pairs[:max_examples]
-        return data.corpus_from_pairs(
+        corpus = data.corpus_from_pairs(
             [(p.source, p.target, p.alignment) for p in pairs],
             name=f"attn_jax_synthetic/{d.synthetic}[{split}]",
         )
+        return corpus, beyond
     if d.corpus == "synthetic":
         corpus = data.load_synthetic_corpus(split, d.synthetic, data_dir=data_dir)
     elif d.corpus == "tfds":
-        return data.load_tfds_corpus(
+        corpus = data.load_tfds_corpus(
             d.tfds_name,
             split,
             source_key=d.source_key or None,
@@ -62,15 +95,131 @@ def load_corpus(d: ml_collections.ConfigDict, split: str, max_examples: int = 0)
             data_dir=data_dir,
             max_examples=max_examples or None,
         )
-    elif d.corpus == "plain":
-        corpus = data.read_plain_corpus(d.source_path.format(split=split), d.target_path.format(split=split))
+        return corpus, 0
     else:
-        corpus = data.read_tsv_corpus(d.tsv_path.format(split=split))
+        split = resolve_corpus_split(d, split)
+        if d.corpus == "plain":
+            corpus = data.read_plain_corpus(
+                data.split_path(d.source_path, split), data.split_path(d.target_path, split)
+            )
+        else:
+            corpus = data.read_tsv_corpus(data.split_path(d.tsv_path, split))
+    beyond = 0
     if max_examples and len(corpus) > max_examples:
-        n = max_examples
+        n, beyond = max_examples, len(corpus) - max_examples
         alignments = corpus.alignments[:n] if corpus.alignments is not None else None
-        corpus = data.ParallelCorpus(corpus.sources[:n], corpus.targets[:n], alignments, corpus.name)
-    return corpus
+        corpus = data.ParallelCorpus(
+            corpus.sources[:n], corpus.targets[:n], alignments, corpus.name, corpus.skipped_empty
+        )
+    return corpus, beyond
+
+
+def load_corpus(d: ml_collections.ConfigDict, split: str, max_examples: int = 0) -> data.ParallelCorpus:
+    """Split ``split`` of the corpus ``config.data`` describes (at most ``max_examples`` pairs; 0: all).
+
+    ``corpus='synthetic'`` without ``use_tfds`` runs the built-in generator in memory: the same pairs as the
+    TFDS dataset of that name (``train``, ``validation`` or the stratified ``test``), without TensorFlow.
+    File corpora (``plain``, ``tsv``) replace ``{split}`` in their paths by the split name; ``validation``
+    reads the ``valid`` or ``dev`` files when there are no ``validation`` ones (:func:`resolve_corpus_split`;
+    the corpus' ``name`` names the files read).
+    """
+    return _read_split(d, split, max_examples)[0]
+
+
+class SplitReport(NamedTuple):
+    """What became of one split's pairs: every pair read is kept or counted under one reason for dropping it.
+
+    Attributes:
+      split: the split read (``valid`` when ``data.eval_split=validation`` found only ``valid`` files).
+      asked: the split the config names (``data.train_split`` / ``data.eval_split``).
+      name: what was read: the files (``src | tgt``) or the dataset and split.
+      kept: pairs that train (or validate).
+      source_too_long: pairs dropped because the source is over ``data.max_source_length`` (target within).
+      target_too_long: pairs dropped because the target is over ``data.max_target_length`` (source within).
+      both_too_long: pairs dropped with both sides over their limits.
+      empty: pairs the reader skipped because a side (or the whole TSV line) was empty.
+      beyond_max_examples: pairs past ``data.max_train_examples`` / ``max_eval_examples``, not read further
+        (0 for TFDS, which stops reading there).
+    """
+
+    split: str
+    asked: str
+    name: str
+    kept: int
+    source_too_long: int
+    target_too_long: int
+    both_too_long: int
+    empty: int
+    beyond_max_examples: int
+
+    @property
+    def dropped(self) -> int:
+        """Pairs dropped for any reason."""
+        return (
+            self.source_too_long
+            + self.target_too_long
+            + self.both_too_long
+            + self.empty
+            + self.beyond_max_examples
+        )
+
+    @property
+    def read(self) -> int:
+        """Pairs read: kept plus dropped."""
+        return self.kept + self.dropped
+
+
+def _split_report(
+    split: str, asked: str, corpus: data.ParallelCorpus, encoded: data.EncodedCorpus, cfg, beyond: int
+) -> SplitReport:
+    """Count the length filter's drops by the limit that dropped them (the batcher's own filter decides)."""
+    n = len(encoded)
+    src_over = (
+        encoded.src_lengths > cfg.max_source_length
+        if cfg.max_source_length is not None
+        else np.zeros(n, bool)
+    )
+    tgt_over = (
+        encoded.tgt_lengths > cfg.max_target_length
+        if cfg.max_target_length is not None
+        else np.zeros(n, bool)
+    )
+    return SplitReport(
+        split=split,
+        asked=asked,
+        name=corpus.name,
+        kept=int((~(src_over | tgt_over)).sum()),
+        source_too_long=int((src_over & ~tgt_over).sum()),
+        target_too_long=int((tgt_over & ~src_over).sum()),
+        both_too_long=int((src_over & tgt_over).sum()),
+        empty=corpus.skipped_empty,
+        beyond_max_examples=beyond,
+    )
+
+
+def describe_split(report: SplitReport, role: str, d: ml_collections.ConfigDict, unit: str = "words") -> str:
+    """The start-up line of one split: what was read, how many pairs were kept, and every drop with its reason.
+
+    ``role`` is ``training`` or ``validation``; ``unit`` what the length limits count (``words`` for word
+    vocabularies).
+    """
+    where = report.name
+    if report.split != report.asked:
+        key = "data.train_split" if role == "training" else "data.eval_split"
+        where += f"; no {report.asked!r} files, so {key}={report.asked} reads {report.split!r}"
+    cap = "data.max_train_examples" if role == "training" else "data.max_eval_examples"
+    reasons = [
+        f"{report.source_too_long:,} with the source over data.max_source_length={d.max_source_length} {unit}",
+        f"{report.target_too_long:,} with the target over data.max_target_length={d.max_target_length} {unit}",
+        f"{report.both_too_long:,} with both over",
+        f"{report.empty:,} with an empty side",
+    ]
+    if report.beyond_max_examples:
+        reasons.append(f"{report.beyond_max_examples:,} beyond {cap}={d[cap.split('.')[1]]}")
+    return (
+        f"data: {role} split {report.split} ({where}): {report.kept:,} of {report.read:,} pairs kept; "
+        f"{report.dropped:,} dropped: {', '.join(reasons)}"
+    )
 
 
 class Inputs(NamedTuple):
@@ -79,12 +228,14 @@ class Inputs(NamedTuple):
     src_vocab: data.Vocabulary
     tgt_vocab: data.Vocabulary
     train: data.BatchIterator
-    validation: list[data.Batch]
+    validation: list[data.Batch]  # empty without a validation split (data.eval_split=none)
     train_pairs: int
     validation_pairs: int
     schedule: str = ""  # fingerprint of the global training schedule (corpus + batching), any process layout
     train_dropped: int = 0  # pairs the length filter dropped (max_source_length / max_target_length)
     validation_dropped: int = 0
+    train_report: SplitReport | None = None  # every pair read, kept or dropped and why
+    validation_report: SplitReport | None = None  # None: no validation split (data.eval_split=none)
 
 
 def make_inputs(
@@ -101,15 +252,24 @@ def make_inputs(
     The vocabularies are the paper's shortlists: the ``src_vocab_size`` / ``tgt_vocab_size`` most frequent
     words of each side (plus four specials) of the training pairs the length filter keeps — a dropped pair
     never trains, so its words must not take shortlist places (or, without a shortlist, embedding rows).
-    :attr:`Inputs.train_dropped` / ``validation_dropped`` count the pairs the filter dropped (the trainer
-    logs them). Validation batches carry gold alignments when the corpus has them and the vocabularies are
-    word-level (the built-in corpus). Training and validation batches hold block ``process_index`` of
-    ``process_count`` of every global batch's rows; only one process of a multi-process run should
-    ``save_vocab``.
+    :attr:`Inputs.train_report` / ``validation_report`` account for every pair read: kept, or dropped by
+    ``max_source_length``, ``max_target_length``, both, an empty side or ``max_*_examples`` (the trainer logs
+    them with :func:`describe_split`); ``train_dropped`` / ``validation_dropped`` count the length filter's
+    drops alone. The validation split is ``data.eval_split``, ``valid`` or ``dev`` when a file corpus has no
+    ``validation`` files, or none at all with ``data.eval_split=none`` (then ``validation`` is empty and
+    ``validation_report`` None). Validation batches carry gold alignments when the corpus has them and the
+    vocabularies are word-level (the built-in corpus). Training and validation batches hold block
+    ``process_index`` of ``process_count`` of every global batch's rows; only one process of a multi-process
+    run should ``save_vocab``.
     """
     d = config.data
-    train_corpus = load_corpus(d, d.train_split, d.max_train_examples)
-    eval_corpus = load_corpus(d, d.eval_split, d.max_eval_examples)
+    train_split = resolve_corpus_split(d, d.train_split, choose="data.train_split")
+    train_corpus, train_beyond = _read_split(d, train_split, d.max_train_examples)
+    eval_split = (
+        resolve_corpus_split(d, d.eval_split, choose="data.eval_split") if has_eval_split(d) else None
+    )
+    if eval_split is not None:
+        eval_corpus, eval_beyond = _read_split(d, eval_split, d.max_eval_examples)
     train_cfg, eval_cfg = batch_configs(config)
     if reuse_vocab and os.path.isdir(vocab_dir):
         src_vocab, tgt_vocab = data.load_vocabularies(vocab_dir)
@@ -128,23 +288,34 @@ def make_inputs(
         if save_vocab:
             data.save_vocabularies(vocab_dir, src_vocab, tgt_vocab)
     train_encoded = data.encode_corpus(train_corpus, src_vocab, tgt_vocab)
-    eval_encoded = data.encode_corpus(eval_corpus, src_vocab, tgt_vocab)
     shard = dict(process_index=process_index, process_count=process_count)
     train_it = data.make_batch_iterator(train_encoded, train_cfg, prefetch=d.prefetch, **shard)
-    eval_it = data.make_batch_iterator(
-        eval_encoded, eval_cfg, with_gold=eval_encoded.alignments is not None, prefetch=0, **shard
+    train_report = _split_report(
+        train_split, d.train_split, train_corpus, train_encoded, train_cfg, train_beyond
     )
+    validation, validation_report, validation_dropped = [], None, 0
+    if eval_split is not None:
+        eval_encoded = data.encode_corpus(eval_corpus, src_vocab, tgt_vocab)
+        eval_it = data.make_batch_iterator(
+            eval_encoded, eval_cfg, with_gold=eval_encoded.alignments is not None, prefetch=0, **shard
+        )
+        validation, validation_dropped = list(eval_it), eval_it.plan.num_filtered
+        validation_report = _split_report(
+            eval_split, d.eval_split, eval_corpus, eval_encoded, eval_cfg, eval_beyond
+        )
     schedule = json.dumps([train_encoded.fingerprint(), dataclasses.asdict(train_cfg)], sort_keys=True)
     return Inputs(
         src_vocab=src_vocab,
         tgt_vocab=tgt_vocab,
         train=train_it,
-        validation=list(eval_it),
+        validation=validation,
         train_pairs=len(train_corpus) - train_it.plan.num_filtered,
-        validation_pairs=len(eval_corpus) - eval_it.plan.num_filtered,
+        validation_pairs=validation_report.kept if validation_report is not None else 0,
         schedule=hashlib.sha256(schedule.encode()).hexdigest()[:16],
         train_dropped=train_it.plan.num_filtered,
-        validation_dropped=eval_it.plan.num_filtered,
+        validation_dropped=validation_dropped,
+        train_report=train_report,
+        validation_report=validation_report,
     )
 
 

@@ -7,7 +7,12 @@ perplexity, attention diagnostics); every ``checkpoint_every`` an orbax checkpoi
 position, config); validation and a checkpoint also at the last step.
 
 ``workdir`` layout: ``checkpoints/<step>/``, ``vocab/{source,target}/``, ``metrics.jsonl``,
-``tensorboard/{train,validation}/``, ``config.json``.
+``tensorboard/{train,validation}/``, ``config.json``, ``data.json`` (each split's pairs read, kept, and dropped by
+reason: :class:`attn_jax.train.SplitReport`; the start-up log says the same in one line per split).
+
+Without a validation split (``data.eval_split=none``) no validation runs, no checkpoint is ranked, and the
+latest checkpoint stands for the best (:attr:`TrainResult.best_step`; ``translate``/``evaluate --checkpoint best``
+then load the latest and say so).
 
 **Sharded and multi-process runs** (``parallel.strategy`` other than ``none``): the loop is the same; what
 changes is where things live. The mesh (``parallel.data × model × stage``) spans the devices of every process
@@ -60,12 +65,13 @@ from attn_jax.train._config import (
     ConfigError,
     check_config,
     flatten_config,
+    has_eval_split,
     model_config,
     optimizer_config,
     parallel_axes,
 )
 from attn_jax.train._diagnostics import summarize_attention
-from attn_jax.train._inputs import data_state, make_inputs, restore_data_state
+from attn_jax.train._inputs import data_state, describe_split, make_inputs, restore_data_state
 from attn_jax.train._metrics import MetricsLogger, format_duration
 from attn_jax.train._sharded import (
     abstract_sharded_state,
@@ -127,7 +133,8 @@ class TrainResult(NamedTuple):
       state: the final :class:`TrainState`.
       train: the last train record (as in ``metrics.jsonl``), or None if no update ran.
       validation: the last validation record, or None.
-      best_step: the kept checkpoint with the lowest validation NLL per token (None without checkpoints).
+      best_step: the kept checkpoint with the lowest validation NLL per token; the latest without a validation
+        split (None without checkpoints).
       checkpoint_dir: where the checkpoints are.
     """
 
@@ -535,7 +542,7 @@ def train_and_evaluate(
     ckpt = CheckpointManager(
         os.path.join(workdir, "checkpoints"),
         keep=config.keep_checkpoints,
-        keep_best=config.keep_best,
+        keep_best=config.keep_best and has_eval_split(config.data),  # nothing ranks them without validation
         async_save=config.async_checkpoints,
     )
     total = config.num_train_steps
@@ -572,11 +579,13 @@ def train_and_evaluate(
         m = step_cfg.model
         logger.log(
             f"model: {m.arch} (attention: {_attention_label(m)}) with {param_count(m):,} parameters, vocabularies "
-            f"{m.src_vocab:,} / {m.tgt_vocab:,}, compute {m.dtype}; data: {inputs.train_pairs:,} training pairs "
-            f"({inputs.train_dropped:,} longer ones dropped) in {len(inputs.train.plan.shapes)} batch shapes "
-            f"{inputs.train.plan.shapes}, {inputs.validation_pairs:,} validation pairs "
-            f"({inputs.validation_dropped:,} longer ones dropped); optimizer {step_cfg.optimizer.name}"
+            f"{m.src_vocab:,} / {m.tgt_vocab:,}, compute {m.dtype}; optimizer {step_cfg.optimizer.name}; "
+            f"training batches in {len(inputs.train.plan.shapes)} shape(s) {inputs.train.plan.shapes}"
         )
+        for line in _data_lines(config, inputs):
+            logger.log(line)
+        if lead:
+            _write_data_report(workdir, inputs)
         if place.description:
             logger.log(place.description)
         with place.context():
@@ -584,6 +593,36 @@ def train_and_evaluate(
     finally:
         ckpt.close()
         logger.close()
+
+
+def _data_lines(config: ml_collections.ConfigDict, inputs) -> list[str]:
+    """The start-up lines on the data: each split read, the pairs kept and every drop with its reason."""
+    d = config.data
+    unit = "words" if inputs.src_vocab.word_level and inputs.tgt_vocab.word_level else "tokens"
+    lines = [describe_split(inputs.train_report, "training", d, unit)]
+    v = inputs.validation_report
+    if v is None:
+        lines.append(
+            f"data: no validation split (data.eval_split={d.eval_split!r}): no validation runs, and the best "
+            "checkpoint is the latest one"
+        )
+        return lines
+    lines.append(describe_split(v, "validation", d, unit))
+    if v.name == inputs.train_report.name:  # a path without {split}: the same files for both splits
+        lines.append(
+            "warning: the validation split reads the same files as the training split (the corpus paths have "
+            "no {split}); validation measures training pairs; data.eval_split=none trains without validation"
+        )
+    return lines
+
+
+def _write_data_report(workdir: str, inputs) -> None:
+    """``data.json``: every split's pairs read, kept and dropped by reason (the start-up lines, for programs)."""
+    report = {}
+    for role, r in (("train", inputs.train_report), ("validation", inputs.validation_report)):
+        report[role] = None if r is None else {**r._asdict(), "read": r.read, "dropped": r.dropped}
+    with open(os.path.join(workdir, "data.json"), "w", encoding="utf-8") as f:
+        json.dump(report, f, indent=2, sort_keys=True)
 
 
 def _train(config, config_dict, place, inputs, ckpt, logger, latest) -> TrainResult:
@@ -644,7 +683,7 @@ def _train(config, config_dict, place, inputs, ckpt, logger, latest) -> TrainRes
             window.reset()
 
         val = None
-        if step % config.eval_every == 0 or step == total:
+        if inputs.validation_report is not None and (step % config.eval_every == 0 or step == total):
             batches = (place.batch(b) for b in inputs.validation)
             val = evaluate(state.params, batches, step_cfg, step=place.eval_step)
             logger.write("validation", step, val)
@@ -659,11 +698,15 @@ def _train(config, config_dict, place, inputs, ckpt, logger, latest) -> TrainRes
                 multihost_utils.assert_equal(position["next_index"], "iterator positions differ")
             ckpt.save(step, state, position, config_dict, metrics=metrics_for_best)
     ckpt.wait()
-    best = ckpt.best_step()
+    if inputs.validation_report is None:  # nothing ranks the checkpoints: the latest stands for the best
+        best, best_label = ckpt.latest_step(), "the latest, no validation"
+    else:
+        best = ckpt.best_step()
+        best_label = str(best)
     if step > start:
         logger.log(
             f"done: step {step} in {format_duration(time.monotonic() - run_start)}; checkpoints "
-            f"{ckpt.all_steps()} (best: {best}) in {ckpt.directory}"
+            f"{ckpt.all_steps()} (best: {best_label}) in {ckpt.directory}"
         )
     else:
         logger.log(f"nothing to do: the run is already at step {step} of {total}")
