@@ -3,11 +3,17 @@
     attn-jax data                                  # built-in corpus (config "default"), built on first use
     attn-jax data --config tiny --data-dir /tmp/tfds
     attn-jax data --src train.en --tgt train.fr    # plain-text, one sentence a line
+    attn-jax data --src 'data/{split}.en' --tgt 'data/{split}.fr'            # every split that has files
+    attn-jax data --src 'data/{split}.en' --tgt 'data/{split}.fr' --split valid
     attn-jax data --tsv pairs.tsv
     attn-jax data --tfds wmt14_translate/fr-en --source-key en --target-key fr --split validation
 
 Prints pairs per split, a source-length histogram, vocabulary sizes and an example pair with its alignment.
-A bad file prints one line ``attn-jax data: error: FILE:LINE: ...`` and exits with status 1 (2 on bad flags).
+``{split}`` in ``--src``/``--tgt``/``--tsv`` stands for the split name, as in the trainer's
+``data.source_path``/``target_path``/``tsv_path``: without ``--split`` every split whose files exist is read
+(train, validation/valid/dev, test, then the others); ``--split validation`` reads ``valid`` or ``dev`` when
+there are no ``validation`` files, as training does. A bad file prints one line ``attn-jax data: error:
+FILE:LINE: ...`` and exits with status 1 (2 on bad flags).
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ import contextlib
 import sys
 
 _HIST_EDGES = (0, 10, 20, 30, 40, 50, 60)
+_SPLIT = "{split}"  # in a file path: the split name, as in the trainer's data.source_path
 
 
 def add_data_parser(subparsers) -> argparse.ArgumentParser:
@@ -27,9 +34,15 @@ def add_data_parser(subparsers) -> argparse.ArgumentParser:
         help="corpus statistics (built-in corpus, plain-text files or a TFDS dataset)",
         description=__doc__.split("\n\n")[0],
     )
-    p.add_argument("--src", metavar="FILE", help="plain-text source file (needs --tgt)")
+    p.add_argument(
+        "--src",
+        metavar="FILE",
+        help="plain-text source file (needs --tgt); {split} stands for the split name",
+    )
     p.add_argument("--tgt", metavar="FILE", help="plain-text target file, line-aligned with --src")
-    p.add_argument("--tsv", metavar="FILE", help="tab-separated file: source<TAB>target per line")
+    p.add_argument(
+        "--tsv", metavar="FILE", help="tab-separated file: source<TAB>target per line; {split} as for --src"
+    )
     p.add_argument(
         "--tfds", metavar="NAME", help="a prepared TFDS translation dataset, e.g. wmt14_translate/fr-en"
     )
@@ -39,7 +52,11 @@ def add_data_parser(subparsers) -> argparse.ArgumentParser:
         help="config of the built-in corpus: default, small or tiny (default: %(default)s)",
     )
     p.add_argument("--data-dir", default=None, help="TFDS data directory (default: TFDS's own)")
-    p.add_argument("--split", action="append", help="split(s) to read (default: all splits)")
+    p.add_argument(
+        "--split",
+        action="append",
+        help="split(s) to read (default: all splits; for --src/--tgt/--tsv those whose {split} files exist)",
+    )
     p.add_argument(
         "--source-key", default=None, help="TFDS feature of the source text (default: supervised keys)"
     )
@@ -67,9 +84,15 @@ def _load(args) -> tuple[str, dict]:
     from attn_jax import data
 
     if args.src is not None or args.tgt is not None:
-        return f"{args.src} | {args.tgt}", {"all": data.read_plain_corpus(args.src, args.tgt)}
+        patterns = [args.src, args.tgt]
+        corpora = _file_splits(
+            patterns, args.split, lambda s: data.read_plain_corpus(*(data.split_path(p, s) for p in patterns))
+        )
+        return f"{args.src} | {args.tgt}", corpora
     if args.tsv is not None:
-        return args.tsv, {"all": data.read_tsv_corpus(args.tsv)}
+        return args.tsv, _file_splits(
+            [args.tsv], args.split, lambda s: data.read_tsv_corpus(data.split_path(args.tsv, s))
+        )
     if args.tfds is not None:
         splits = args.split or _tfds_splits(args.tfds, args.data_dir)
         corpora = {
@@ -87,6 +110,25 @@ def _load(args) -> tuple[str, dict]:
     splits = args.split or ["train", "validation", "test"]
     name = f"attn_jax_synthetic/{args.config}"
     return name, {s: data.load_synthetic_corpus(s, args.config, data_dir=args.data_dir) for s in splits}
+
+
+def _file_splits(patterns: list[str], asked: list[str] | None, read) -> dict:
+    """``{split: corpus}`` of a file corpus: one ``all`` split without ``{split}`` in the paths; else the splits
+    asked for (``validation`` may read ``valid`` or ``dev``, as training does) or every one with files."""
+    from attn_jax import data
+
+    if _SPLIT not in patterns[0]:
+        return {"all": read("all")}
+    if asked:
+        splits = [data.resolve_split(patterns, s, choose="--split") for s in asked]
+        for s, used in zip(asked, splits, strict=True):
+            if s != used:  # said on stderr: stdout keeps the statistics' layout
+                print(f"attn-jax data: no {s!r} files, so --split {s} reads {used!r}", file=sys.stderr)
+    else:
+        splits = data.find_splits(patterns[0])
+        if not splits:
+            raise data.CorpusError(f"{patterns[0]}: no file matches ({_SPLIT} stands for any split name)")
+    return {s: read(s) for s in dict.fromkeys(splits)}
 
 
 def _tfds_splits(name: str, data_dir: str | None) -> list[str]:
@@ -172,6 +214,17 @@ def run_data(args: argparse.Namespace) -> int:
     ]
     if len(given) > 1:
         return _error(f"choose one corpus, got {' and '.join(given)}", 2)
+    if args.src is not None and (_SPLIT in args.src) != (_SPLIT in args.tgt):
+        return _error(
+            f"--src and --tgt must both contain {_SPLIT} or neither, got {args.src} and {args.tgt}", 2
+        )
+    paths = [p for p in (args.src, args.tsv) if p is not None]
+    if args.split and paths and _SPLIT not in paths[0]:
+        flag = "--src/--tgt" if args.src is not None else "--tsv"
+        return _error(
+            f"--split needs {_SPLIT} in {flag} to stand for the split name (e.g. 'data/{_SPLIT}.en'), got {paths[0]}",
+            2,
+        )
     if args.vocab_size < 0:
         return _error(f"--vocab-size must be >= 0, got {args.vocab_size}", 2)
 
