@@ -3,6 +3,9 @@
 * :func:`beam_search` — batched, jit-compiled beam search with GNMT's length normalisation and coverage
   penalty, n-best lists, ensembles, and the attention matrix of every returned hypothesis.
 * :func:`greedy_decode` — beam search with one hypothesis and no penalties (the argmax loop).
+* :class:`LengthLimit` — how long a translation may grow (``max(minimum, ⌊ratio · n⌋ + offset)`` tokens), the
+  one rule ``attn-jax translate`` and ``evaluate`` share; beam search flags each hypothesis it cut there
+  (``BeamResult.truncated``).
 * :func:`length_penalty`, :func:`coverage_penalty`, :func:`normalized_score` — Wu et al. (2016), eq. 14.
 
 Decoding imports only the models' step interface (never data or training code).
@@ -11,10 +14,14 @@ Decoding imports only the models' step interface (never data or training code).
 from __future__ import annotations
 
 from attn_jax.decoding._beam import BeamResult, beam_search, greedy_decode, output_length
+from attn_jax.decoding._limits import DEFAULT_MAX_LENGTH_OFFSET, DEFAULT_MAX_LENGTH_RATIO, LengthLimit
 from attn_jax.decoding._penalties import coverage_penalty, length_penalty, normalized_score
 
 __all__ = [
+    "DEFAULT_MAX_LENGTH_OFFSET",
+    "DEFAULT_MAX_LENGTH_RATIO",
     "BeamResult",
+    "LengthLimit",
     "beam_search",
     "coverage_penalty",
     "greedy_decode",

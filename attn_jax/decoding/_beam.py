@@ -27,11 +27,12 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from attn_jax.decoding._penalties import length_penalty, normalized_score
 from attn_jax.models.interface import check_source, gather_batch, repeat_batch
-from attn_jax.typing import Array, Bool, Float, Int
+from attn_jax.typing import Array, ArrayLike, Bool, Float, Int
 
 __all__ = ["BeamResult", "beam_search", "greedy_decode", "output_length"]
 
@@ -50,9 +51,14 @@ class BeamResult(NamedTuple):
       log_probs: ``[B, N]`` float32 raw ``log P(Y | X)`` (an ensemble's averaged log-probabilities).
       attention: ``[B, N, L, S]`` float32, row ``i`` the attention over the source when token ``i`` was
         predicted (zeros after the hypothesis); ``None`` for models without attention.
+      truncated: ``[B, N]`` bool, True where the hypothesis stopped at its sentence's length limit rather than
+        at a ``</s>`` of the model's choosing: ``lengths == limits`` and, at that last position, the model's most
+        probable next token was another word (its ``</s>`` was forced). Count these: a translation cut short
+        by the limit is a wrong answer the limit made, not the model.
+      limits: ``[B]`` int32, the length limit each sentence had (tokens including ``</s>``).
 
     An entry that could not be filled (fewer than ``N`` distinct hypotheses fit the length limit, e.g. a
-    limit of 1 allows only ``</s>``) has score ``-inf``, length 0 and only padding.
+    limit of 1 allows only ``</s>``) has score ``-inf``, length 0, only padding and ``truncated`` False.
     """
 
     tokens: Int[Array, "B N L"]
@@ -60,6 +66,8 @@ class BeamResult(NamedTuple):
     scores: Float[Array, "B N"]
     log_probs: Float[Array, "B N"]
     attention: Float[Array, "B N L S"] | None
+    truncated: Bool[Array, "B N"]
+    limits: Int[Array, " B"]
 
 
 class _Alive(NamedTuple):
@@ -80,6 +88,7 @@ class _Finished(NamedTuple):
     scores: Float[Array, "B K"]
     log_probs: Float[Array, "B K"]
     attention: Float[Array, "B K L S"] | None
+    truncated: Bool[Array, "B K"]  # ended at the length limit with a forced </s>
 
 
 def output_length(
@@ -103,6 +112,7 @@ def greedy_decode(
     max_length: int | None = None,
     max_length_ratio: float | None = 2.0,
     max_length_offset: int = 10,
+    limits: Int[ArrayLike, " B"] | None = None,
     bos_id: int = 1,
     eos_id: int = 2,
     pad_id: int = 0,
@@ -123,6 +133,7 @@ def greedy_decode(
         max_length=max_length,
         max_length_ratio=max_length_ratio,
         max_length_offset=max_length_offset,
+        limits=limits,
         length_penalty_alpha=0.0,
         coverage_penalty_beta=0.0,
         bos_id=bos_id,
@@ -141,6 +152,7 @@ def beam_search(
     max_length: int | None = None,
     max_length_ratio: float | None = 2.0,
     max_length_offset: int = 10,
+    limits: Int[ArrayLike, " B"] | None = None,
     length_penalty_alpha: float = 0.6,
     coverage_penalty_beta: float = 0.0,
     bos_id: int = 1,
@@ -161,8 +173,10 @@ def beam_search(
 
     Length limit: sentence ``b`` may produce at most ``limit_b = min(L, ⌊ratio · |x_b|⌋ + offset)`` tokens
     including ``</s>`` (``|x_b|`` its real source length; ``L = max_length``, or ``⌊ratio · S⌋ + offset`` for
-    the padded width ``S`` when ``max_length`` is None; ``limit_b ≥ 1``). Token ``limit_b`` must be ``</s>``,
-    scored with its true probability (as fairseq forces it), so every hypothesis is ``</s>``-terminated.
+    the padded width ``S`` when ``max_length`` is None; ``limit_b ≥ 1``), or ``min(L, limits[b])`` when
+    ``limits`` is given (``L = max_length``, default ``max(limits)``). Token ``limit_b`` must be ``</s>``,
+    scored with its true probability (as fairseq forces it), so every hypothesis is ``</s>``-terminated; a
+    hypothesis whose ``</s>`` was forced there is flagged in :attr:`BeamResult.truncated`, never silently.
     ``pad_id`` and ``bos_id`` are never generated (their probability is not redistributed: scores stay the
     model's log-probabilities). The encoder runs once per sentence, before its outputs (with the precomputed
     attention keys) are tiled over the beam.
@@ -192,6 +206,8 @@ def beam_search(
       max_length_ratio: per-sentence limit ``⌊ratio · |x_b|⌋ + max_length_offset``; None for the fixed
         ``max_length``.
       max_length_offset: the constant added to the ratio limit (lets short sentences grow).
+      limits: ``[B]`` per-sentence limits (tokens including ``</s>``, ``>= 1``), replacing the ratio rule
+        (``attn_jax.decoding.LengthLimit`` computes them); runtime values, changing them never recompiles.
       length_penalty_alpha: ``α ≥ 0`` (GNMT: 0.6–0.7; 0 ranks by raw log-probability).
       coverage_penalty_beta: ``β ≥ 0`` (GNMT: 0.2; 0 switches the coverage penalty off). Needs attention.
       bos_id: the token fed before the first target word. eos_id: ``</s>``. pad_id: fills after ``</s>``.
@@ -208,11 +224,12 @@ def beam_search(
     """
     models = _check_models(model)
     check_source(src, src_mask)
+    limits = _check_limits(limits, src.shape[0])
     _check_options(
         beam_size,
         num_return,
         max_length,
-        max_length_ratio,
+        max_length_ratio if limits is None else 1.0,  # explicit limits replace the ratio rule
         max_length_offset,
         length_penalty_alpha,
         coverage_penalty_beta,
@@ -221,21 +238,29 @@ def beam_search(
         pad_id,
     )
     src, src_mask = jnp.asarray(src, jnp.int32), jnp.asarray(src_mask, jnp.bool_)
-    length = output_length(src.shape[1], max_length, max_length_ratio, max_length_offset)
+    if limits is not None:
+        length = max_length if max_length is not None else int(limits.max())
+        limit = jnp.clip(jnp.asarray(limits, jnp.int32), 1, length)
+    else:
+        length = output_length(src.shape[1], max_length, max_length_ratio, max_length_offset)
+        if max_length_ratio is None:
+            limit = jnp.full((src.shape[0],), length, jnp.int32)
+        else:
+            real = jnp.sum(src_mask, axis=-1).astype(jnp.float32)  # [B]
+            limit = jnp.floor(jnp.float32(max_length_ratio) * real + 1e-4).astype(jnp.int32)
+            limit = jnp.clip(limit + max_length_offset, 1, length)
     graphdefs, states = zip(*(nnx.split(m) for m in models), strict=True)
     result = _search_jit(
         tuple(graphdefs),
         tuple(states),
         src,
         src_mask,
-        jnp.float32(0.0 if max_length_ratio is None else max_length_ratio),
-        jnp.int32(max_length_offset),
+        limit,
         jnp.float32(length_penalty_alpha),
         jnp.float32(coverage_penalty_beta),
         beam_size=beam_size,
         num_return=num_return,
         length=length,
-        use_ratio=max_length_ratio is not None,
         bos_id=bos_id,
         eos_id=eos_id,
         pad_id=pad_id,
@@ -264,6 +289,18 @@ def _check_models(model) -> list[nnx.Module]:
         if missing:
             raise ValueError(f"model {i} ({type(m).__name__}) lacks the step interface: {', '.join(missing)}")
     return models
+
+
+def _check_limits(limits, batch: int):
+    """``limits`` as an int32 NumPy ``[B]`` array of values ``>= 1`` (None stays None), or a ValueError."""
+    if limits is None:
+        return None
+    arr = np.asarray(limits)
+    if arr.shape != (batch,) or not np.issubdtype(arr.dtype, np.integer):
+        raise ValueError(f"limits must be {batch} ints (one per sentence), got {arr.dtype} {list(arr.shape)}")
+    if batch and arr.min() < 1:
+        raise ValueError(f"limits must be >= 1 (tokens including </s>), got {int(arr.min())}")
+    return arr.astype(np.int32)
 
 
 def _check_options(
@@ -307,15 +344,13 @@ def _search(
     states,
     src,
     src_mask,
-    ratio,
-    offset,
+    limit,
     alpha,
     beta,
     *,
     beam_size,
     num_return,
     length,
-    use_ratio,
     bos_id,
     eos_id,
     pad_id,
@@ -333,12 +368,6 @@ def _search(
         dec0.append(repeat_batch(m.init_decoder_state(enc), k))
         encs.append(repeat_batch(enc, k))
 
-    if use_ratio:
-        real = jnp.sum(src_mask, axis=-1).astype(jnp.float32)  # [B]
-        limit = jnp.floor(ratio * real + 1e-4).astype(jnp.int32) + offset
-        limit = jnp.clip(limit, 1, length)
-    else:
-        limit = jnp.full((batch,), length, jnp.int32)
     max_lp = length_penalty(limit, alpha)  # [B] the largest lp any finished hypothesis can reach
 
     def decode(dec_states, prev):
@@ -376,8 +405,12 @@ def _search(
         vocab = logp.shape[-1]
         ids = jnp.arange(vocab)
         at_limit = (t + 1 >= limit)[:, None, None]  # [B, 1, 1]: the last token a sentence may have
-        allowed = (ids != pad_id) & (ids != bos_id) & (~at_limit | (ids == eos_id))
+        free = (ids != pad_id) & (ids != bos_id)
+        allowed = free & (~at_limit | (ids == eos_id))
         cand = alive.log_probs[..., None] + jnp.where(allowed, logp, _NEG_INF)  # [B, K, V]
+        # At the limit </s> is forced; it was the model's own choice only if no other word was more probable.
+        best_word = jnp.max(jnp.where(free & (ids != eos_id), logp, _NEG_INF), axis=-1)  # [B, K]
+        forced = at_limit[:, :, 0] & (logp[..., eos_id] < best_word)  # [B, K]
 
         history, coverage = alive.attention, alive.coverage
         if attn is not None:
@@ -396,7 +429,9 @@ def _search(
             alive.tokens, jnp.full((batch, k), eos_id, jnp.int32), t, axis=2
         )
         eos_scores = normalized_score(eos_lp, t + 1, coverage, src_mask[:, None, :], alpha, beta)
-        offered = _Finished(done_tokens, jnp.full((batch, k), t + 1, jnp.int32), eos_scores, eos_lp, history)
+        offered = _Finished(
+            done_tokens, jnp.full((batch, k), t + 1, jnp.int32), eos_scores, eos_lp, history, forced
+        )
         both = jax.tree.map(lambda a, b: jnp.concatenate([a, b], axis=1), fin, offered)
         _, best = jax.lax.top_k(both.scores, k)  # stable: on ties an earlier finished hypothesis stays first
         fin = jax.tree.map(lambda x: _take_beams(x, best), both)
@@ -430,6 +465,7 @@ def _search(
         jnp.full((batch, k), _NEG_INF),
         jnp.full((batch, k), _NEG_INF),
         history,
+        jnp.zeros((batch, k), jnp.bool_),
     )
     alive, fin = advance(0, alive, fin, logp, new_states, attn)
 
@@ -457,6 +493,8 @@ def _search(
         scores=top.scores,
         log_probs=top.log_probs,
         attention=attention,
+        truncated=valid & top.truncated,
+        limits=limit,
     )
 
 
@@ -467,7 +505,6 @@ _search_jit = jax.jit(
         "beam_size",
         "num_return",
         "length",
-        "use_ratio",
         "bos_id",
         "eos_id",
         "pad_id",
