@@ -142,13 +142,23 @@ def test_the_validation_name_wins_over_valid_and_dev(tmp_path):
     assert inputs.validation_report.split == "validation" and inputs.validation_pairs == 3
 
 
+def test_evaluate_split_validation_reads_the_same_files_as_training(tmp_path):
+    from attn_jax.cli_evaluate import load_split
+
+    _write(tmp_path, "train", TRAIN)
+    _write(tmp_path, "dev", VALID)
+    corpus = load_split(_config(tmp_path), "validation")  # attn-jax evaluate --split validation
+    assert corpus.name == f"{tmp_path}/dev.en | {tmp_path}/dev.fr"  # evaluate prints and records the name
+    assert (len(corpus), corpus.skipped_empty) == (8, 1)
+
+
 @pytest.mark.parametrize("value", ["none", ""])
 def test_no_validation_split_is_a_documented_setting(value):
     assert not has_eval_split(apply_overrides(default_config(), [f"data.eval_split={value}"]).data)
     assert has_eval_split(default_config().data)
 
 
-def test_training_without_a_validation_split(tmp_path, capsys):
+def test_training_without_a_validation_split(tmp_path, capsys, caplog):
     _write(tmp_path, "train", TRAIN)
     status, out, err, workdir = _train(tmp_path, capsys, "--config.data.eval_split=none")
     assert status == 0, err
@@ -162,7 +172,8 @@ def test_training_without_a_validation_split(tmp_path, capsys):
     assert any(
         line.startswith("done: step 2 in ") and "(best: the latest, no validation)" in line for line in lines
     )
-    assert "tracked_metric" not in err  # orbax was not asked to rank checkpoints it has no metric for
+    # orbax is not asked to rank checkpoints by a metric that never comes (it would warn at every save).
+    assert not [r for r in caplog.records if "tracked_metric" in r.getMessage()]
     assert [r["split"] for r in read_metrics(workdir / "metrics.jsonl")] == ["train", "train"]
     assert json.loads((workdir / "data.json").read_text())["validation"] is None
     # --checkpoint best (the default of translate and evaluate) falls back to the latest with the usual note.
