@@ -45,7 +45,7 @@ from attn_jax.train._inputs import (
 )
 from attn_jax.train._loop import TrainingDiverged, TrainResult, WorkdirError, evaluate, train_and_evaluate
 from attn_jax.train._loss import LossSums, loss_sums, sentence_losses, token_cross_entropy
-from attn_jax.train._metrics import MetricsLogger, read_metrics
+from attn_jax.train._metrics import MetricsLogger, ProgressLine, format_duration, read_metrics
 from attn_jax.train._optim import OptimizerConfig, make_optimizer, make_schedule
 from attn_jax.train._sharded import (
     abstract_sharded_state,
@@ -90,6 +90,7 @@ __all__ = [
     "LossSums",
     "MetricsLogger",
     "OptimizerConfig",
+    "ProgressLine",
     "Restored",
     "SplitReport",
     "StepConfig",
@@ -109,6 +110,7 @@ __all__ = [
     "eval_step",
     "evaluate",
     "flatten_config",
+    "format_duration",
     "has_eval_split",
     "init_params",
     "init_train_state",

@@ -6,6 +6,9 @@
   (two runs with the same tag names, so TensorBoard overlays train and validation curves).
 * The terminal: on a TTY a single progress line (step, loss, tokens/s, ETA) rewritten in place, with
   validation results and checkpoint notes printed above it; otherwise plain log lines every ``log_every`` steps.
+
+:class:`ProgressLine` is that terminal display on its own (bar or plain lines), for any long loop: the trainer's
+:class:`MetricsLogger` and ``attn-jax evaluate``'s decoding both draw with it.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from typing import IO
 
 from attn_jax.train._tensorboard import EventWriter
 
-__all__ = ["MetricsLogger", "format_duration", "read_metrics"]
+__all__ = ["MetricsLogger", "ProgressLine", "format_duration", "read_metrics"]
 
 
 def format_duration(seconds: float) -> str:
@@ -56,6 +59,76 @@ def read_metrics(path: str | os.PathLike) -> list[dict]:
     return records
 
 
+class ProgressLine:
+    """Progress of a loop on ``stream``: a bar redrawn in place on a terminal, or plain lines elsewhere.
+
+    ``update(done, total, text)`` shows ``{label} {done}/{total} [####----] {text}``. On a TTY (``tty`` True, or
+    ``stream.isatty()`` when None) that one line is rewritten in place, at most 10 times a second unless
+    ``force``; :meth:`log` prints a permanent line above it. Otherwise (``--progress lines``, a pipe, a log file)
+    ``update`` prints ``{label} {done}/{total}: {text}`` as a line of its own: the first, then at most one
+    every ``every_s`` seconds, and the last (``done == total``); ``every_s=None`` prints none (a caller that
+    writes its own lines, as the trainer does).
+
+    >>> import io
+    >>> out = io.StringIO()
+    >>> p = ProgressLine(out, tty=False, label="decoding", every_s=0.0)
+    >>> p.update(3, 9, "ETA 4s"); p.update(9, 9, "done"); print(out.getvalue(), end="")
+    decoding 3/9: ETA 4s
+    decoding 9/9: done
+    """
+
+    def __init__(
+        self,
+        stream: IO[str] | None = None,
+        *,
+        tty: bool | None = None,
+        label: str = "step",
+        every_s: float | None = 10.0,
+    ):
+        self.stream = stream if stream is not None else sys.stdout
+        self.tty = bool(tty if tty is not None else getattr(self.stream, "isatty", lambda: False)())
+        self.label = label
+        self.every_s = every_s
+        self._bar_shown = False
+        self._last_bar = 0.0
+        self._last_line: float | None = None
+
+    def log(self, line: str) -> None:
+        """Print a permanent line (above the bar on a TTY)."""
+        if self._bar_shown:
+            self.stream.write("\r\033[K")
+            self._bar_shown = False
+        self.stream.write(line + "\n")
+        self.stream.flush()
+
+    def update(self, done: int, total: int, text: str, *, force: bool = False) -> None:
+        """Show that ``done`` of ``total`` are done, with ``text`` (rates, ETA) after the count."""
+        now = time.monotonic()
+        if not self.tty:
+            due = self._last_line is None or done >= total
+            if self.every_s is None or not (force or due or now - self._last_line >= self.every_s):
+                return
+            self._last_line = now
+            self.log(f"{self.label} {done}/{total}: {text}")
+            return
+        if not force and now - self._last_bar < 0.1:
+            return
+        self._last_bar = now
+        width = 24
+        filled = int(width * done / max(total, 1))
+        bar = "#" * filled + "-" * (width - filled)
+        self.stream.write(f"\r\033[K{self.label} {done}/{total} [{bar}] {text}")
+        self.stream.flush()
+        self._bar_shown = True
+
+    def close(self) -> None:
+        """End the bar's line (the next output starts on a line of its own)."""
+        if self._bar_shown:
+            self.stream.write("\n")
+            self.stream.flush()
+            self._bar_shown = False
+
+
 class MetricsLogger:
     """Writes metrics to ``workdir`` (JSON lines, TensorBoard) and reports progress on ``stream``.
 
@@ -78,12 +151,11 @@ class MetricsLogger:
     ):
         self.path = os.path.join(os.fspath(workdir), "metrics.jsonl")
         self.total_steps = total_steps
-        self.stream = stream if stream is not None else sys.stdout
-        self.tty = bool(tty if tty is not None else getattr(self.stream, "isatty", lambda: False)())
+        # The trainer writes its own plain lines every log_every steps (with the loss), hence every_s=None.
+        self._line = ProgressLine(stream, tty=tty, label="step", every_s=None)
+        self.stream, self.tty = self._line.stream, self._line.tty
         self._tb_dir = os.path.join(os.fspath(workdir), "tensorboard") if tensorboard else None
         self._writers: dict[str, EventWriter] = {}
-        self._bar_shown = False
-        self._last_bar = 0.0
 
     def truncate_after(self, step: int) -> None:
         """Drop records after ``step`` (a resumed run rewrites the steps its killed predecessor got past)."""
@@ -110,37 +182,17 @@ class MetricsLogger:
 
     def log(self, line: str) -> None:
         """Print a permanent line (above the progress bar on a TTY)."""
-        if self._bar_shown:
-            self.stream.write("\r\033[K")
-            self._bar_shown = False
-        self.stream.write(line + "\n")
-        self.stream.flush()
+        self._line.log(line)
 
     def progress(
         self, step: int, loss: float, tokens_per_s: float, eta_s: float, *, force: bool = False
     ) -> None:
         """Redraw the progress line (TTY only; at most 10 times a second unless ``force``)."""
-        if not self.tty:
-            return
-        now = time.monotonic()
-        if not force and now - self._last_bar < 0.1:
-            return
-        self._last_bar = now
-        width = 24
-        done = int(width * step / max(self.total_steps, 1))
-        bar = "#" * done + "-" * (width - done)
-        self.stream.write(
-            f"\r\033[Kstep {step}/{self.total_steps} [{bar}] loss {loss:.4f} | {tokens_per_s:,.0f} tok/s | "
-            f"ETA {format_duration(eta_s)}"
-        )
-        self.stream.flush()
-        self._bar_shown = True
+        text = f"loss {loss:.4f} | {tokens_per_s:,.0f} tok/s | ETA {format_duration(eta_s)}"
+        self._line.update(step, self.total_steps, text, force=force)
 
     def close(self) -> None:
-        if self._bar_shown:
-            self.stream.write("\n")
-            self.stream.flush()
-            self._bar_shown = False
+        self._line.close()
         for w in self._writers.values():
             w.close()
         self._writers.clear()
