@@ -17,6 +17,17 @@ them to ``--out`` (default ``workdir/eval/<split>``):
     evaluation.json  evaluation.md                  everything: scores, options, checkpoint, timings, pictures
     bleu_by_length.png  attention_<k>.png  attention_<k>_reference.png  attention_<k>_head.png
 
+Length limit: the same rule and flags as ``attn-jax translate`` (``--max-length``, ``--max-length-ratio``,
+``--max-length-offset``; by default ``max(T, ⌊2·n⌋ + 10)`` tokens for a source of ``n`` tokens, ``T`` the run's
+``data.max_target_length``). How many translations stopped at the limit instead of ending with ``</s>`` is
+printed on stderr (a warning when any did) and kept in ``summary.json`` (``<system>.length_limit``),
+``summary.md``, ``evaluation.json`` (``length_limit``) and ``evaluation.md``: a reference longer than the limit
+cannot be matched, and the BLEU of such a run says so beside it.
+
+Progress: decoding shows the sentences done, their rate and an ETA on stderr, as ``attn-jax train`` does:
+``--progress bar`` (one line redrawn in place; the default on a terminal) or ``lines`` (a line every 10 s; the
+default otherwise).
+
 AER uses attention from teacher forcing on the *reference* (the gold aligns source and reference words, so the
 attention of a decoded hypothesis cannot be scored against it): each reference word is linked to its
 most-attended source word (``argmax_alignment``). ``attention_<k>.png`` shows the attention while the model
@@ -38,7 +49,7 @@ import math
 import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -47,7 +58,11 @@ from attn_jax.cli_translate import (
     LoadedModel,
     TranslateError,
     Translation,
+    add_length_limit_flags,
     length_batches,
+    length_flags_problem,
+    length_limit,
+    length_limit_report,
     load_model,
     pad_rows,
     parse_checkpoint,
@@ -57,6 +72,7 @@ from attn_jax.cli_translate import (
 
 __all__ = [
     "add_evaluate_parser",
+    "decode_progress",
     "evaluate_workdir",
     "hypothesis_cross_attention",
     "load_split",
@@ -292,6 +308,10 @@ def evaluate_workdir(
     test_per_bucket: int | None = None,
     name: str | None = None,
     log=None,
+    max_length: int | None = None,
+    max_length_ratio: float | None = None,
+    max_length_offset: int | None = None,
+    progress: Callable[[int, int, float], None] | None = None,
 ) -> dict[str, Any]:
     """Evaluate a training run on one split: decode, BLEU overall / by length / No UNK, AER, heatmaps, tables.
 
@@ -312,12 +332,18 @@ def evaluate_workdir(
         paper's setting).
       test_per_bucket: test pairs per length bucket of a generated built-in corpus (see :func:`load_split`).
       name: the system's name in the tables (default ``RNNsearch`` / ``RNNenc`` from the config).
-      log: a ``print``-like callable for progress (default: silent).
+      log: a ``print``-like callable for what happens (default: silent); the length limit's line included.
+      max_length, max_length_ratio, max_length_offset: the length limit, as ``attn-jax translate``'s
+        (``attn_jax.cli_translate.length_limit``; None: the run's default).
+      progress: called with ``(sentences done, total, fraction of the work)``: once with 0 before decoding,
+        then after each batch (:func:`decode_progress` draws it with an ETA).
 
     Returns:
       A dict: ``system``, ``workdir``, ``step``, ``checkpoint_note`` (None, or why another checkpoint than
       the one asked for was used), ``split``, ``num_sentences``, ``bleu`` (overall score),
       ``signature``, ``bleu_by_length`` (:meth:`BleuByLength.to_dict`), ``no_unk`` and ``aer`` (dicts or None),
+      ``length_limit`` (``LengthLimitReport.to_dict``: ``stopped_at_limit`` of ``translations``, the rule; and
+      ``stopped_indices``, the split's indices of the translations cut),
       ``options``, ``timings``, ``files`` (name -> path) and two objects for composing multi-system tables:
       ``bleu_by_length_result`` (:class:`attn_jax.eval.BleuByLength`) and ``system_scores``
       (:class:`attn_jax.eval.SystemScores`). ``evaluation.json`` holds the same minus those two objects.
@@ -345,10 +371,21 @@ def evaluate_workdir(
     sources = [corpus.sources[i] for i in keep]
     references = [corpus.targets[i] for i in keep]
     gold = None if corpus.alignments is None else [corpus.alignments[i] for i in keep]
+    rule = length_limit(
+        loaded.config,
+        max_length=max_length,
+        max_length_ratio=max_length_ratio,
+        max_length_offset=max_length_offset,
+    )
     timings["load_s"] = time.perf_counter() - t0
-    log(f"{system} (step {loaded.step}): decoding {len(sources)} {split} sentences with beam {beam_size}")
+    log(
+        f"{system} (step {loaded.step}): decoding {len(sources)} {split} sentences with beam {beam_size}, "
+        f"length limit {rule.describe()}"
+    )
 
     t0 = time.perf_counter()
+    if progress is not None:
+        progress(0, len(sources), 0.0)
     translations = translate_sentences(
         loaded,
         sources,
@@ -356,10 +393,17 @@ def evaluate_workdir(
         alpha=alpha,
         beta=beta,
         batch_size=batch_size,
+        limit=rule,
         replace_unk=replace_unk,
+        progress=progress,
     )
     hypotheses = [t[0].text if t else "" for t in translations]
     timings["decode_s"] = time.perf_counter() - t0
+    limit_report = length_limit_report(loaded, sources, translations, rule)
+    if limit_report.stopped:  # never silent: stderr, summary.json/md and evaluation.json/md all say it
+        log(f"warning: {limit_report.message()}")
+    else:
+        log(f"length limit: {limit_report.describe_limit()}; no translation stopped at it")
 
     t0 = time.perf_counter()
     by_length = ev.bleu_by_length(hypotheses, references, sources)
@@ -410,15 +454,18 @@ def evaluate_workdir(
         _write_lines(path("alignments.txt"), [ev.format_pharaoh(a) for a in links])
     scores = ev.SystemScores(by_length.overall, no_unk, aer)
     by_length_md = ev.bleu_by_length_markdown({system: by_length})
-    summary_md = ev.summary_markdown({system: scores})
+    limit_line = _limit_markdown(limit_report)
+    summary_md = ev.summary_markdown({system: scores}) + f"\n{limit_line}\n"
     with open(path("bleu_by_length.md"), "w", encoding="utf-8") as f:
         f.write(by_length_md)
     with open(path("summary.md"), "w", encoding="utf-8") as f:
         f.write(summary_md)
     with open(path("bleu_by_length.json"), "w", encoding="utf-8") as f:
         json.dump(ev.bleu_by_length_json({system: by_length}), f, indent=2, allow_nan=False)
+    summary = ev.summary_json({system: scores})
+    summary[system]["length_limit"] = limit_report.to_dict()
     with open(path("summary.json"), "w", encoding="utf-8") as f:
-        json.dump(ev.summary_json({system: scores}), f, indent=2, allow_nan=False)
+        json.dump(summary, f, indent=2, allow_nan=False)
     ev.plot_bleu_by_length({system: by_length}, path("bleu_by_length.png"), title=f"{system}: BLEU by length")
 
     heatmaps = []
@@ -498,11 +545,18 @@ def evaluate_workdir(
         "aer": None if aer is None else aer.to_dict(),
         "aer_within_training_lengths": None if aer_within is None else aer_within.to_dict(),
         "training_max_source_length": _training_source_length(loaded.config),
+        "length_limit": {
+            **limit_report.to_dict(),
+            "stopped_indices": [keep[i] for i, t in enumerate(translations) if t and t[0].truncated],
+        },
         "heatmaps": picked,
         "options": {
             "beam_size": beam_size,
             "alpha": alpha,
             "beta": beta,
+            "max_length": max_length,
+            "max_length_ratio": max_length_ratio,
+            "max_length_offset": max_length_offset,
             "checkpoint": checkpoint,
             "max_examples": max_examples,
             "replace_unk": replace_unk,
@@ -515,6 +569,7 @@ def evaluate_workdir(
         f"# {system} on {corpus.name} ({split}), checkpoint step {loaded.step}\n",
         *([f"**Warning:** {loaded.note}.\n"] if loaded.note else []),
         f"Beam {beam_size}, α = {alpha}, β = {beta}; {len(sources)} sentences.\n",
+        f"{'**Warning:** ' if limit_report.stopped else ''}{limit_line}\n",
         "## BLEU by source length\n",
         by_length_md,
         "## Summary\n",
@@ -540,6 +595,50 @@ def evaluate_workdir(
     result["bleu_by_length_result"] = by_length
     result["system_scores"] = scores
     return result
+
+
+def _limit_markdown(report) -> str:
+    """One Markdown sentence: the length limit and how many translations stopped at it."""
+    text = (
+        f"Length limit: {report.describe_limit()}; {report.stopped} of {report.translations} translations "
+        "stopped at it instead of ending with `</s>`"
+    )
+    if report.stopped:
+        text += " (their references may be longer than any hypothesis could be: raise --max-length or "
+        text += "--max-length-ratio)"
+    return text + "."
+
+
+def decode_progress(
+    line, *, clock: Callable[[], float] = time.monotonic
+) -> Callable[[int, int, float], None]:
+    """A ``progress`` callback for :func:`evaluate_workdir` that draws on ``line`` (an
+    ``attn_jax.train.ProgressLine``, as ``attn-jax train`` does) the sentences done, their rate and an ETA.
+
+    The clock starts at the call with 0 sentences done; the ETA extrapolates the elapsed time over the
+    fraction of the work left (source tokens: batches run from the shortest sentences to the longest, so a
+    count of sentences would promise too early an end).
+    """
+    from attn_jax.train import format_duration
+
+    start = [clock()]
+
+    def update(done: int, total: int, fraction: float) -> None:
+        now = clock()
+        if done == 0:
+            start[0] = now
+            return
+        elapsed = now - start[0]
+        eta = elapsed * (1.0 - fraction) / fraction if fraction > 0 else math.inf
+        rate = done / elapsed if elapsed > 0 else math.inf
+        line.update(
+            done,
+            total,
+            f"{rate:.1f} sentences/s | elapsed {format_duration(elapsed)} | "
+            f"ETA {format_duration(eta) if math.isfinite(eta) else '?'}",
+        )
+
+    return update
 
 
 def _json_ready(x):
@@ -597,6 +696,14 @@ def add_evaluate_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument(
         "--replace-unk", action="store_true", help="replace produced <unk> by the most-attended source word"
     )
+    p.add_argument(
+        "--progress",
+        choices=("auto", "bar", "lines"),
+        default="auto",
+        help="decoding progress on stderr: a bar (redrawn in place) or a line every 10 s, with rate and ETA "
+        "(default: %(default)s = bar on a terminal)",
+    )
+    add_length_limit_flags(p)
     p.set_defaults(func=run_evaluate)
     return p
 
@@ -617,10 +724,16 @@ def run_evaluate(args: argparse.Namespace) -> int:
     for flag, value in (("--alpha", args.alpha), ("--beta", args.beta)):
         if not (math.isfinite(value) and value >= 0):
             return _error(f"{flag} must be a finite number >= 0, got {value}", 2)
+    problem = length_flags_problem(args.max_length, args.max_length_ratio, args.max_length_offset)
+    if problem:
+        return _error(problem, 2)
 
     from attn_jax.data import CorpusError
+    from attn_jax.train import ProgressLine
 
     quiet_checkpoint_logs()
+    tty = {"auto": None, "bar": True, "lines": False}[args.progress]
+    line = ProgressLine(sys.stderr, tty=tty, label="decoding", every_s=10.0)
     try:
         r = evaluate_workdir(
             args.workdir,
@@ -634,10 +747,16 @@ def run_evaluate(args: argparse.Namespace) -> int:
             batch_size=args.batch_size,
             num_heatmaps=args.heatmaps,
             replace_unk=args.replace_unk,
-            log=lambda *a: print(*a, file=sys.stderr),
+            log=lambda *a: line.log(" ".join(str(x) for x in a)),
+            max_length=args.max_length,
+            max_length_ratio=args.max_length_ratio,
+            max_length_offset=args.max_length_offset,
+            progress=decode_progress(line),
         )
     except (TranslateError, CorpusError) as e:
+        line.close()
         return _error(e)
+    line.close()
     from attn_jax import eval as ev
 
     print(f"{r['system']} on {r['corpus']} ({r['split']}), checkpoint step {r['step']}, beam {args.beam}")

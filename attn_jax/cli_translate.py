@@ -25,9 +25,19 @@ Output formats:
   every target word ``j`` the source word ``i`` it attends to most (0-based token positions, ``</s>`` on
   either side left out; word positions for the word-level vocabularies of the built-in corpus);
 * ``--alignment json``: one JSON object per input line, ``{"index", "source", "translation", "hypotheses":
-  [{"translation", "tokens", "score", "log_prob", "alignment", "attention"}]}`` with ``attention`` the
-  ``[m + 1, n + 1]`` weights (rows: the ``m`` target words then ``</s>``; columns: the ``n`` source tokens
-  then ``</s>``).
+  [{"translation", "tokens", "score", "log_prob", "alignment", "attention", "limit", "stopped_at_limit"}]}``
+  with ``attention`` the ``[m + 1, n + 1]`` weights (rows: the ``m`` target words then ``</s>``; columns: the
+  ``n`` source tokens then ``</s>``), ``limit`` the most tokens the sentence could have and
+  ``stopped_at_limit`` whether this hypothesis was cut there.
+
+Length limit: a translation of a source of ``n`` tokens may have at most ``max(T, ⌊2·n⌋ + 10)`` tokens, ``T``
+the longest target the run trained on (``data.max_target_length``), so no sentence gets less room than the
+training targets had; ``--max-length-ratio`` and ``--max-length-offset`` change 2 and 10, ``--max-length N``
+gives every sentence ``N`` tokens instead (a Transformer cannot exceed its decoder's ``model.max_length``
+positions). ``attn-jax evaluate`` takes the same flags and derives the same limit (:func:`length_limit`). A
+translation cut at the limit (its ``</s>`` forced where the model wanted another word) is never silent: stderr
+says ``attn-jax translate: warning: N of M translations stopped at the length limit (...) instead of ending
+with </s>: raise --max-length or --max-length-ratio``.
 
 Unknown words: the shortlist vocabularies map rare words to ``<unk>``, and the model may produce ``<unk>``. By
 default it is passed through as the literal token ``<unk>`` (the paper's setting; BLEU counts it as a wrong
@@ -47,17 +57,22 @@ import json
 import math
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
 
 __all__ = [
+    "LengthLimitReport",
     "LoadedModel",
     "TranslateError",
     "Translation",
+    "add_length_limit_flags",
     "add_translate_parser",
+    "length_limit",
+    "length_limit_report",
     "load_model",
+    "model_length_cap",
     "run_translate",
     "translate_sentences",
 ]
@@ -94,6 +109,10 @@ class Translation(NamedTuple):
       attention: ``[m + 1, n + 1]`` float32 weights (rows: ``m`` target tokens then ``</s>``; columns: ``n``
         source tokens then ``</s>``), or None for a model without attention.
       source_tokens: the ``n`` source tokens.
+      truncated: True when the hypothesis stopped at its length limit, its ``</s>`` forced where the model's
+        most probable next token was another word (``attn_jax.decoding.BeamResult.truncated``).
+      limit: the most tokens (without ``</s>``) this sentence could have: :func:`length_limit`'s rule, cut to
+        what the model can produce (:func:`model_length_cap`); None for a blank line (nothing decoded).
     """
 
     text: str
@@ -103,6 +122,8 @@ class Translation(NamedTuple):
     log_prob: float
     attention: np.ndarray | None
     source_tokens: list[str]
+    truncated: bool = False
+    limit: int | None = None
 
     def alignment(self) -> str:
         """Pharaoh ``i-j`` links: each target token ``j`` to its most-attended source token ``i`` (no ``</s>``)."""
@@ -173,6 +194,151 @@ def load_model(workdir: str | os.PathLike, checkpoint: str | int = "best") -> Lo
     return LoadedModel(model, src_vocab, tgt_vocab, config, int(restored.step), workdir, restored.note)
 
 
+# ------------------------------------------------------------------------------------------- length limit
+
+
+def length_limit(
+    config,
+    *,
+    max_length: int | None = None,
+    max_length_ratio: float | None = None,
+    max_length_offset: int | None = None,
+):
+    """The decoding length limit of a run, the one rule ``attn-jax translate`` and ``evaluate`` share.
+
+    ``max(T, ⌊ratio · n⌋ + offset)`` target tokens (without ``</s>``) for a source of ``n`` tokens, with ``T``
+    the longest target the run trained on (``config.data.max_target_length``; 0 when it sets none or
+    ``config`` is None), ``ratio`` 2 and ``offset`` 10 unless given; ``max_length`` instead gives every
+    sentence that many tokens (and cannot be combined with a ratio or an offset).
+
+    Returns:
+      An ``attn_jax.decoding.LengthLimit``.
+
+    Raises:
+      TranslateError: a value out of range, or ``max_length`` together with a ratio or an offset.
+    """
+    from attn_jax.decoding import DEFAULT_MAX_LENGTH_OFFSET, DEFAULT_MAX_LENGTH_RATIO, LengthLimit
+
+    problem = length_flags_problem(max_length, max_length_ratio, max_length_offset)
+    if problem:
+        raise TranslateError(problem)
+    if max_length is not None:
+        return LengthLimit.fixed(max_length)
+    data = getattr(config, "data", None) if config is not None else None
+    trained = data.get("max_target_length") if data is not None else None
+    return LengthLimit(
+        int(trained or 0),
+        DEFAULT_MAX_LENGTH_RATIO if max_length_ratio is None else float(max_length_ratio),
+        DEFAULT_MAX_LENGTH_OFFSET if max_length_offset is None else int(max_length_offset),
+    ).check()
+
+
+def length_flags_problem(
+    max_length: int | None, max_length_ratio: float | None, max_length_offset: int | None
+) -> str | None:
+    """What is wrong with the length flags, in one line, or None (checked before a run is loaded: exit 2)."""
+    if max_length is not None and (max_length_ratio is not None or max_length_offset is not None):
+        return (
+            "give --max-length (the same limit for every sentence) or --max-length-ratio/--max-length-offset "
+            "(a limit that grows with the source), not both"
+        )
+    if max_length is not None and max_length < 1:
+        return f"--max-length must be >= 1, got {max_length}"
+    if max_length_ratio is not None and not (math.isfinite(max_length_ratio) and max_length_ratio >= 0):
+        return f"--max-length-ratio must be a finite number >= 0, got {max_length_ratio}"
+    if max_length_offset is not None and max_length_offset < 0:
+        return f"--max-length-offset must be >= 0, got {max_length_offset}"
+    if max_length_ratio == 0 and max_length_offset == 0:
+        return "--max-length-ratio 0 with --max-length-offset 0 leaves no room; use --max-length N"
+    return None
+
+
+def model_length_cap(model) -> int | None:
+    """The most target tokens (with ``</s>``) a model can produce: a Transformer's decoder cache holds
+    ``model.config.max_length`` positions; None for a model without such a bound (the RNNs)."""
+    cap = getattr(getattr(model, "config", None), "max_length", None)
+    return int(cap) if cap else None
+
+
+class LengthLimitReport(NamedTuple):
+    """How many translations the length limit cut, for stderr, ``summary.json`` and the reports.
+
+    Attributes:
+      rule: the ``attn_jax.decoding.LengthLimit`` asked for.
+      translations: sentences decoded (blank lines are not).
+      stopped: of those, how many best translations stopped at their limit instead of ending with ``</s>``.
+      shortest, longest: the smallest and largest limit the sentences had (tokens without ``</s>``).
+      model_cap: the most tokens (without ``</s>``) the model can produce, when it cut the rule's limit for
+        some sentence (a Transformer's ``model.max_length``); None otherwise.
+    """
+
+    rule: Any
+    translations: int
+    stopped: int
+    shortest: int | None
+    longest: int | None
+    model_cap: int | None
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready: ``stopped_at_limit`` of ``translations``, the rule (``minimum``, ``ratio``, ``offset``
+        and in words), the smallest and largest limit applied (tokens without ``</s>``) and ``model_cap``."""
+        return {
+            "stopped_at_limit": self.stopped,
+            "translations": self.translations,
+            "fraction_stopped": self.stopped / self.translations if self.translations else 0.0,
+            "rule": self.rule.describe(),
+            "minimum": self.rule.minimum,
+            "ratio": self.rule.ratio,
+            "offset": self.rule.offset,
+            "shortest_limit": self.shortest,
+            "longest_limit": self.longest,
+            "model_cap": self.model_cap,
+        }
+
+    def describe_limit(self) -> str:
+        """The limit as applied: ``'26 tokens'``, or the rule with the range it gave (``'...; 16-40 here'``)."""
+        text = self.rule.describe()
+        if self.shortest is not None and not self.rule.is_fixed:
+            here = f"{self.shortest}" if self.shortest == self.longest else f"{self.shortest}-{self.longest}"
+            text += f", {here} here"
+        if self.model_cap is not None:
+            text += f", at most {self.model_cap} for this model (its decoder holds {self.model_cap + 1} positions)"
+        return text
+
+    def message(self) -> str | None:
+        """The warning line for stderr (without the command's prefix), or None when nothing was cut."""
+        if not self.stopped:
+            return None
+        advice = "raise --max-length or --max-length-ratio"
+        if self.model_cap is not None:
+            advice += f" (the model stops at {self.model_cap} tokens whatever the flags)"
+        return (
+            f"{self.stopped} of {self.translations} translations stopped at the length limit "
+            f"({self.describe_limit()}) instead of ending with </s>: {advice}"
+        )
+
+
+def length_limit_report(loaded: LoadedModel, sentences: Sequence[str], results, rule) -> LengthLimitReport:
+    """Count the best translations of :func:`translate_sentences` that stopped at their length limit."""
+    decoded = [hyps[0] for hyps in results if hyps and hyps[0].limit is not None]
+    limits = [h.limit for h in decoded]
+    cap = model_length_cap(loaded.model)
+    capped = None
+    if cap is not None:
+        wanted = max(
+            (rule.tokens(len(loaded.src_vocab.encode(s))) for s in sentences if s.split()), default=0
+        )
+        capped = cap - 1 if wanted > cap - 1 else None
+    return LengthLimitReport(
+        rule,
+        len(decoded),
+        sum(h.truncated for h in decoded),
+        min(limits, default=None),
+        max(limits, default=None),
+        capped,
+    )
+
+
 # ----------------------------------------------------------------------------------------------- decoding
 
 
@@ -227,15 +393,17 @@ def translate_sentences(
     beta: float = 0.0,
     nbest: int = 1,
     batch_size: int = 32,
-    max_length_ratio: float = 2.0,
-    max_length_offset: int = 10,
+    limit=None,
     replace_unk: bool = False,
+    progress: Callable[[int, int, float], None] | None = None,
 ) -> list[list[Translation]]:
     """Beam-search translations of ``sentences``: for each, its ``nbest`` best hypotheses, best first.
 
     Sentences are sorted by length and batched at a few padded widths (:func:`length_batches`), each source
-    ending in ``</s>`` as in training. Each sentence may produce ``⌊ratio · (n + 1)⌋ + offset`` tokens. A blank
-    sentence gets one empty hypothesis (score 0) without decoding.
+    ending in ``</s>`` as in training. A sentence of ``n`` tokens may produce ``limit.tokens(n)`` tokens (then
+    ``</s>``), no more than the model can (:func:`model_length_cap`); each :class:`Translation` says its limit
+    and whether it stopped there (:func:`length_limit_report` counts them). A blank sentence gets one empty
+    hypothesis (score 0) without decoding.
 
     Args:
       loaded: the model and vocabularies (:func:`load_model`).
@@ -243,15 +411,24 @@ def translate_sentences(
       beam_size, alpha, beta: beam size and GNMT's length-normalisation / coverage-penalty weights.
       nbest: hypotheses returned per sentence (``<= beam_size``).
       batch_size: sentences per decoding batch.
-      max_length_ratio, max_length_offset: the output length limit.
+      limit: an ``attn_jax.decoding.LengthLimit``; None: the run's default, :func:`length_limit`.
       replace_unk: replace a produced ``<unk>`` with the most-attended source token (word-level vocabularies
         and models with attention only; otherwise ``<unk>`` stays).
+      progress: called after each batch with the sentences decoded so far, their total and the fraction of
+        the work done (source tokens, the longer sentences come last).
 
     Returns:
       ``len(sentences)`` lists of :class:`Translation`.
     """
-    from attn_jax.decoding import beam_search, output_length
+    from attn_jax.decoding import beam_search
 
+    rule = length_limit(loaded.config) if limit is None else limit
+    try:
+        rule.check()
+    except ValueError as e:
+        raise TranslateError(str(e)) from None
+    # A model with a fixed-size decoder cache (the Transformer's ``max_length``) cannot emit more tokens.
+    cap = model_length_cap(loaded.model)
     if not 1 <= nbest <= beam_size:
         raise TranslateError(f"--nbest must be between 1 and the beam size {beam_size}, got {nbest}")
     if batch_size < 1:
@@ -269,12 +446,16 @@ def translate_sentences(
         if not encoded[i]:
             results[i] = [Translation("", [], [], 0.0, 0.0, None, [])]
     lengths = [len(encoded[i]) + 1 for i in todo]
+    work_total, work_done, done = max(sum(lengths), 1), 0, 0
     for chunk, width, rows in length_batches(lengths, batch_size):
         members = [todo[c] for c in chunk]
         src, mask = pad_rows([encoded[i] for i in members], width, rows, src_vocab.eos_id, src_vocab.pad_id)
-        # A model with a fixed-size decoder cache (the Transformer's ``max_length``) cannot emit more words.
-        cap = getattr(getattr(loaded.model, "config", None), "max_length", None)
-        limit = output_length(width, None, max_length_ratio, max_length_offset)
+        # Tokens with </s>: per sentence, and the static width from the padded width (few compiled shapes).
+        width_limit = rule.tokens(width - 1) + 1
+        limits = [rule.tokens(len(encoded[i])) + 1 for i in members]
+        limits += [limits[0]] * (rows - len(members))  # the padding rows repeat the first sentence
+        if cap:
+            width_limit, limits = min(width_limit, cap), [min(n, cap) for n in limits]
         try:
             out = beam_search(
                 loaded.model,
@@ -282,9 +463,8 @@ def translate_sentences(
                 mask,
                 beam_size=beam_size,
                 num_return=nbest,
-                max_length=min(limit, cap) if cap else None,
-                max_length_ratio=max_length_ratio,
-                max_length_offset=max_length_offset,
+                max_length=width_limit,
+                limits=np.asarray(limits, np.int32),
                 length_penalty_alpha=alpha,
                 coverage_penalty_beta=beta,
                 bos_id=tgt_vocab.bos_id,
@@ -295,6 +475,7 @@ def translate_sentences(
             raise TranslateError(str(e).splitlines()[0]) from None
         tokens, lens = np.asarray(out.tokens), np.asarray(out.lengths)
         scores, log_probs = np.asarray(out.scores), np.asarray(out.log_probs)
+        truncated = np.asarray(out.truncated)
         attention = None if out.attention is None else np.asarray(out.attention)
         for r, i in enumerate(members):
             n = len(encoded[i])
@@ -321,9 +502,15 @@ def translate_sentences(
                         float(log_probs[r, k]),
                         attn,
                         source_tokens[i],
+                        bool(truncated[r, k]),
+                        limits[r] - 1,
                     )
                 )
             results[i] = hyps
+        done += len(members)
+        work_done += sum(lengths[c] for c in chunk)
+        if progress is not None:
+            progress(done, len(todo), work_done / work_total)
     return results
 
 
@@ -382,15 +569,42 @@ def add_translate_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument(
         "--batch-size", type=int, default=32, help="sentences per decoding batch (default: %(default)s)"
     )
-    p.add_argument(
-        "--max-length-ratio",
-        type=float,
-        default=2.0,
-        help="output limit: ratio · source tokens + offset (default: %(default)s)",
-    )
-    p.add_argument("--max-length-offset", type=int, default=10, help="(default: %(default)s)")
+    add_length_limit_flags(p)
     p.set_defaults(func=run_translate)
     return p
+
+
+def add_length_limit_flags(p: argparse.ArgumentParser) -> None:
+    """The length-limit flags ``translate`` and ``evaluate`` share (resolved by :func:`length_limit`)."""
+    # Defaults stay None here (so that giving --max-length with a ratio can be refused); the numbers in the
+    # help are attn_jax.decoding.DEFAULT_MAX_LENGTH_RATIO / _OFFSET (tests/test_decode_limits.py checks).
+    g = p.add_argument_group(
+        "length limit",
+        "a translation of a source of n tokens may have max(T, floor(ratio*n) + offset) tokens (then </s>), "
+        "T = the longest target the run trained on (data.max_target_length); translations that stop at the "
+        "limit instead of </s> are counted on stderr",
+    )
+    g.add_argument(
+        "--max-length",
+        type=int,
+        default=None,
+        metavar="N",
+        help="give every sentence N tokens instead (not with --max-length-ratio/--max-length-offset)",
+    )
+    g.add_argument(
+        "--max-length-ratio",
+        type=float,
+        default=None,
+        metavar="R",
+        help="tokens per source token (default: 2)",
+    )
+    g.add_argument(
+        "--max-length-offset",
+        type=int,
+        default=None,
+        metavar="C",
+        help="tokens added to floor(ratio*n) (default: 10)",
+    )
 
 
 def quiet_checkpoint_logs() -> None:
@@ -467,6 +681,8 @@ def format_translations(
                     "log_prob": _finite(h.log_prob),
                     "alignment": h.alignment(),
                     "attention": None if h.attention is None else np.round(h.attention, 6).tolist(),
+                    "limit": h.limit,
+                    "stopped_at_limit": h.truncated,
                 }
                 for h in hyps
             ],
@@ -497,12 +713,21 @@ def run_translate(args: argparse.Namespace) -> int:
             return _error(f"{flag} must be a finite number >= 0, got {value}", 2)
     if args.batch_size < 1:
         return _error(f"--batch-size must be >= 1, got {args.batch_size}", 2)
+    problem = length_flags_problem(args.max_length, args.max_length_ratio, args.max_length_offset)
+    if problem:
+        return _error(problem, 2)
     quiet_checkpoint_logs()
     try:
         lines = _read_lines(args.input)
         loaded = load_model(args.workdir, args.checkpoint)
         if loaded.note:
             print(f"attn-jax translate: warning: {loaded.note}", file=sys.stderr)
+        rule = length_limit(
+            loaded.config,
+            max_length=args.max_length,
+            max_length_ratio=args.max_length_ratio,
+            max_length_offset=args.max_length_offset,
+        )
         results = translate_sentences(
             loaded,
             lines,
@@ -511,12 +736,14 @@ def run_translate(args: argparse.Namespace) -> int:
             beta=args.beta,
             nbest=args.nbest,
             batch_size=args.batch_size,
-            max_length_ratio=args.max_length_ratio,
-            max_length_offset=args.max_length_offset,
+            limit=rule,
             replace_unk=args.replace_unk,
         )
     except TranslateError as e:
         return _error(e)
+    warning = length_limit_report(loaded, lines, results, rule).message()
+    if warning:
+        print(f"attn-jax translate: warning: {warning}", file=sys.stderr)
     out = [
         line
         for i, (source, hyps) in enumerate(zip(lines, results, strict=True))

@@ -129,7 +129,8 @@ def test_batched_translation_equals_one_sentence_at_a_time(run_dir):
     for k in (0, 4):  # one sentence per padded width (each unpadded width compiles its own search)
         sentence, hyps = SENTENCES[k], batched[k]
         ids = np.asarray([[*sv.encode(sentence), sv.eos_id]], np.int32)  # unpadded, alone
-        out = greedy_decode(loaded.model, ids, np.ones_like(ids, bool))
+        # The same length limit (tokens with </s>) as the batch gave this sentence.
+        out = greedy_decode(loaded.model, ids, np.ones_like(ids, bool), limits=[hyps[0].limit + 1])
         n = int(out.lengths[0, 0])
         assert hyps[0].ids == [int(t) for t in out.tokens[0, 0, : n - 1]]
         # Two programs (padded batch vs alone): float32 rounding over make_run's RNNsearch (m=8, n=10, n'=7) through

@@ -10,6 +10,7 @@ import pytest
 from attn_jax import cli_evaluate, data
 from attn_jax.cli_evaluate import hypothesis_cross_attention, sharpest_head
 from attn_jax.cli_translate import LoadedModel, translate_sentences
+from attn_jax.decoding import LengthLimit
 from tests.test_transformer import make_model
 from tests.tolerance import assert_close_f32
 
@@ -39,7 +40,7 @@ def loaded():
 
 def test_mean_of_heads_equals_the_cached_decoders_attention(loaded):
     sources = ["cat dog eel fox", "ibis ant bee cat dog eel fox gnu hen"]
-    translations = translate_sentences(loaded, sources, beam_size=3, max_length_offset=4)
+    translations = translate_sentences(loaded, sources, beam_size=3, limit=LengthLimit(0, 2.0, 4))
     for source, (hyp, *_) in zip(sources, translations, strict=True):
         heads = hypothesis_cross_attention(loaded, source, hyp)
         n, m = len(source.split()), len(hyp.ids)
@@ -57,7 +58,7 @@ def test_mean_of_heads_equals_the_cached_decoders_attention(loaded):
 
 
 def test_no_heads_for_a_model_without_them(loaded):
-    hyp = translate_sentences(loaded, ["cat dog"], beam_size=1, max_length_offset=2)[0][0]
+    hyp = translate_sentences(loaded, ["cat dog"], beam_size=1, limit=LengthLimit(0, 2.0, 2))[0][0]
     rnn_like = loaded._replace(model=object())
     assert hypothesis_cross_attention(rnn_like, "cat dog", hyp) is None
 
