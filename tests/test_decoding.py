@@ -465,7 +465,13 @@ def reference_beam_search(steps, src_row, mask_row, *, beam, nbest, limit, alpha
             cp = beta * sum(math.log(max(min(coverage[i], 1.0), TINY)) for i in range(len(valid)) if valid[i])
             lp = hyp["lp"] + logp[EOS]
             score = lp / ((5 + t + 1) / 6) ** alpha + cp
-            extensions.append(dict(tokens=hyp["tokens"] + [EOS], lp=lp, score=score, rows=rows))
+            # Cut by the limit: </s> is forced there while the model's most probable next token is a word.
+            forced = t + 1 == limit and logp[EOS] < max(
+                logp[w] for w in range(len(logp)) if w not in (PAD, BOS, EOS)
+            )
+            extensions.append(
+                dict(tokens=hyp["tokens"] + [EOS], lp=lp, score=score, rows=rows, forced=forced)
+            )
             if t + 1 < limit:
                 for word in range(len(logp)):
                     if word not in (PAD, BOS, EOS):
@@ -523,9 +529,11 @@ def test_jitted_beam_search_equals_float64_reference():
             np.testing.assert_allclose(
                 out.attention[b, n, :length], np.stack(hyp["rows"]), rtol=1e-5, atol=1e-7
             )
+            assert bool(out.truncated[b, n]) == hyp["forced"]
     # The case must exercise long hypotheses and the per-sentence limits, or it would prove little.
     assert int(out.lengths.max()) >= 5
-    assert int(out.lengths[2].max()) == LIMITS[2]
+    assert int(out.lengths[2].max()) == LIMITS[2] and bool(out.truncated.any())
+    np.testing.assert_array_equal(out.limits, LIMITS)
 
 
 def test_nbest_sorted_eos_terminated_and_within_limits():
