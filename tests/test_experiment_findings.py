@@ -223,3 +223,40 @@ def test_seed_study_collects_each_thread_count_as_its_own_rows(tmp_path, capsys)
     with pytest.raises(SystemExit):
         seeds.parse_args(["--threads", "1", "--jobs", str(ncores + 1)])
     assert "needs up to" in capsys.readouterr().err
+
+
+def _load(name):
+    spec = importlib.util.spec_from_file_location(
+        name, os.path.join(REPO, "experiments", "bahdanau2015", f"{name}.py")
+    )
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_offsets_hand_computed_case():
+    """The seed study's shift detector: argmax minus the nearest gold source word, pooled beyond ±2, by class."""
+    off = _load("offsets")
+    assert doctest.testmod(off).failed == 0
+    # 4 target words over 6 source words (+ </s> column, ignored): argmaxes 1, 5, 0, 3.
+    att = np.zeros((5, 7))
+    att[0, 1] = att[1, 5] = att[2, 0] = att[3, 3] = 1.0
+    att[:, 6] = 2.0  # </s> column: never counted even though it is the largest
+    gold = {0: [0], 1: [1], 2: [3, 1], 3: [3]}  # offsets +1, +4 (pooled to +2), -1 (nearest gold: 1), 0
+    words = ["the", "big", "dog", "runs", "fast", "."]
+    classes = {"the": "det", "big": "adj", "dog": "noun", "runs": "verb", "fast": "adv", ".": "punct"}
+    out = off.offset_counts(att, gold, words, classes.get)
+    assert dict(out["all"]) == {1: 1, 2: 1, -1: 1, 0: 1}
+    assert dict(out["det"]) == {1: 1} and dict(out["adj"]) == {2: 1} and dict(out["verb"]) == {-1: 1, 0: 1}
+
+
+def test_builtin_word_classes():
+    off = _load("offsets")
+    from attn_jax.data import _lexicon as lex
+
+    noun, adj = lex._words(lex.NOUNS)[0], lex._words(lex.ADJECTIVES)[0]
+    assert off.builtin_word_class(noun) == "noun" and off.builtin_word_class(lex.pluralize(noun)) == "noun"
+    assert off.builtin_word_class(adj) == "adjective" and off.builtin_word_class("the") == "determiner"
+    assert (
+        off.builtin_word_class(".") == "punctuation" and off.builtin_word_class("zzz-not-a-word") == "other"
+    )
