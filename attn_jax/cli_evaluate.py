@@ -24,6 +24,11 @@ printed on stderr (a warning when any did) and kept in ``summary.json`` (``<syst
 ``summary.md``, ``evaluation.json`` (``length_limit``) and ``evaluation.md``: a reference longer than the limit
 cannot be matched, and the BLEU of such a run says so beside it.
 
+Empty sides: pairs of the split whose source or reference is empty are skipped by the corpus reader; their
+count is a warning on stderr (``warning: 1 pair of data/test.en | data/test.fr with an empty source or reference
+skipped (not translated, not scored)``) and is kept in ``summary.json`` (``<system>.skipped_empty``, 0 when
+none), ``evaluation.json`` (``skipped_empty``), ``summary.md`` and ``evaluation.md``.
+
 Progress: decoding shows the sentences done, their rate and an ETA on stderr, as ``attn-jax train`` does:
 ``--progress bar`` (one line redrawn in place; the default on a terminal) or ``lines`` (a line every 10 s; the
 default otherwise).
@@ -342,6 +347,8 @@ def evaluate_workdir(
       A dict: ``system``, ``workdir``, ``step``, ``checkpoint_note`` (None, or why another checkpoint than
       the one asked for was used), ``split``, ``num_sentences``, ``bleu`` (overall score),
       ``signature``, ``bleu_by_length`` (:meth:`BleuByLength.to_dict`), ``no_unk`` and ``aer`` (dicts or None),
+      ``skipped_empty`` (pairs of the split with an empty side, which the reader skipped: also logged as a
+      warning and kept in ``summary.json`` under ``<system>.skipped_empty``),
       ``length_limit`` (``LengthLimitReport.to_dict``: ``stopped_at_limit`` of ``translations``, the rule; and
       ``stopped_indices``, the split's indices of the translations cut),
       ``options``, ``timings``, ``files`` (name -> path) and two objects for composing multi-system tables:
@@ -365,6 +372,9 @@ def evaluate_workdir(
     os.makedirs(out_dir, exist_ok=True)
 
     corpus = load_split(loaded.config, split, test_per_bucket=test_per_bucket)
+    skipped = corpus.skipped_empty
+    if skipped:  # never silent: stderr, summary.json/md and evaluation.json/md all say it
+        log(f"warning: {_skipped_text(skipped, corpus.name)}")
     keep = select_examples(corpus.sources, max_examples)
     if not keep:
         raise TranslateError(f"{split}: no sentence pairs to evaluate")
@@ -456,6 +466,8 @@ def evaluate_workdir(
     by_length_md = ev.bleu_by_length_markdown({system: by_length})
     limit_line = _limit_markdown(limit_report)
     summary_md = ev.summary_markdown({system: scores}) + f"\n{limit_line}\n"
+    if skipped:
+        summary_md += f"\n{_skipped_text(skipped, corpus.name)}.\n"
     with open(path("bleu_by_length.md"), "w", encoding="utf-8") as f:
         f.write(by_length_md)
     with open(path("summary.md"), "w", encoding="utf-8") as f:
@@ -464,6 +476,7 @@ def evaluate_workdir(
         json.dump(ev.bleu_by_length_json({system: by_length}), f, indent=2, allow_nan=False)
     summary = ev.summary_json({system: scores})
     summary[system]["length_limit"] = limit_report.to_dict()
+    summary[system]["skipped_empty"] = skipped
     with open(path("summary.json"), "w", encoding="utf-8") as f:
         json.dump(summary, f, indent=2, allow_nan=False)
     ev.plot_bleu_by_length({system: by_length}, path("bleu_by_length.png"), title=f"{system}: BLEU by length")
@@ -538,6 +551,7 @@ def evaluate_workdir(
         "split": split,
         "corpus": corpus.name,
         "num_sentences": len(sources),
+        "skipped_empty": skipped,
         "bleu": by_length.overall.score,
         "signature": by_length.signature,
         "bleu_by_length": by_length.to_dict(),
@@ -570,6 +584,7 @@ def evaluate_workdir(
         *([f"**Warning:** {loaded.note}.\n"] if loaded.note else []),
         f"Beam {beam_size}, α = {alpha}, β = {beta}; {len(sources)} sentences.\n",
         f"{'**Warning:** ' if limit_report.stopped else ''}{limit_line}\n",
+        *([f"**Warning:** {_skipped_text(skipped, corpus.name)}.\n"] if skipped else []),
         "## BLEU by source length\n",
         by_length_md,
         "## Summary\n",
@@ -595,6 +610,12 @@ def evaluate_workdir(
     result["bleu_by_length_result"] = by_length
     result["system_scores"] = scores
     return result
+
+
+def _skipped_text(skipped: int, name: str) -> str:
+    """The sentence on the split's pairs left out for an empty side (the reader skips them)."""
+    pairs = "pair" if skipped == 1 else "pairs"
+    return f"{skipped:,} {pairs} of {name} with an empty source or reference skipped (not translated, not scored)"
 
 
 def _limit_markdown(report) -> str:

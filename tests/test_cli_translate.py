@@ -23,14 +23,17 @@ SENTENCES = [
 ]
 
 
-def make_run(workdir, *, arch: str = "rnnsearch", step: int = 1, scale: float = 0.5) -> str:
+def make_run(
+    workdir, *, arch: str = "rnnsearch", step: int = 1, scale: float = 0.5, overrides: tuple[str, ...] = ()
+) -> str:
     """A run directory with vocabularies, config and one untrained checkpoint at a tiny size, written with the
     trainer's own API (seconds instead of a training run).
 
     The checkpoint's state has the trainer's structure and dtypes (``init_train_state`` traced with
     ``jax.eval_shape``; compiling its initialiser would cost ~10 s) with parameters drawn from N(0, scale²) with
     NumPy: at that spread the attention is peaked, so argmax alignments compare without near-ties. The optimiser
-    state and the step are zero, as in a fresh state (Adam's count and moments).
+    state and the step are zero, as in a fresh state (Adam's count and moments). ``overrides`` (``key=value``)
+    change the saved config after that (e.g. the corpus that ``evaluate`` reads), not the model or vocabularies.
     """
     import json as _json
 
@@ -40,6 +43,7 @@ def make_run(workdir, *, arch: str = "rnnsearch", step: int = 1, scale: float = 
     from attn_jax.train import (
         CheckpointManager,
         StepConfig,
+        apply_overrides,
         init_train_state,
         load_config,
         model_config,
@@ -76,7 +80,8 @@ def make_run(workdir, *, arch: str = "rnnsearch", step: int = 1, scale: float = 
         rng=zeros(abstract.rng),
     )
     manager = CheckpointManager(os.path.join(workdir, "checkpoints"), async_save=False)
-    manager.save(step, state, {}, _json.loads(config.to_json()), {"nll_per_token": 1.0})
+    saved = apply_overrides(config, overrides)
+    manager.save(step, state, {}, _json.loads(saved.to_json()), {"nll_per_token": 1.0})
     manager.close()
     return str(workdir)
 
