@@ -6,7 +6,7 @@ import json
 from attn_jax.cli import main
 from tests.test_cli_translate import make_run
 
-GOOD = [("the dog slept .", "le chien dormait ."), ("every monk stood .", "chaque moine debout ."), (". .", ". .")]
+GOOD = [("the dog slept .", "le chien dormait ."), ("every monk stood .", "chaque moine ."), (".", ".")]
 # Line 2 has no source, line 4 no reference: both are skipped by the corpus reader.
 TEST = [GOOD[0], ("", "le chien ."), GOOD[1], ("the dog .", ""), GOOD[2]]
 
@@ -17,8 +17,8 @@ def _write(directory, split, pairs):
 
 
 def _evaluate(run, split, out, capsys):
-    argv = ["evaluate", "--workdir", run, "--split", split, "--beam", "1", "--heatmaps", "0", "--out", str(out)]
-    status = main(argv)
+    flags = ["--split", split, "--beam", "1", "--heatmaps", "0", "--out", str(out)]
+    status = main(["evaluate", "--workdir", run, *flags])
     _, err = capsys.readouterr()
     return status, [line for line in err.splitlines() if "empty" in line]
 
