@@ -34,9 +34,13 @@ A config file for another architecture starts from ``default_config(arch)``.
 text, ``{split}`` replaced by the split name); ``data.tsv_path``. ``data.train_split``/``eval_split``
 (``validation``; a file corpus without ``validation`` files reads its ``valid`` or ``dev`` ones, and says so;
 ``none`` or ``""``: no validation split, so no validation runs and the best checkpoint is the latest),
-``data.max_train_examples``/``max_eval_examples`` (0: all), ``data.src_vocab_size``/``tgt_vocab_size`` (the
-shortlist K; four specials are added), ``data.max_source_length``/``max_target_length`` (pairs longer are
-dropped), ``data.batch_size``/``eval_batch_size``, ``data.bucket_boundaries``, ``data.prefetch``.
+``data.max_train_examples``/``max_eval_examples`` (0: all), ``data.vocab`` (``word``: the paper's word shortlists;
+``sentencepiece``: SentencePiece subwords trained on the training side of each language, of type
+``data.sentencepiece_type``, ``unigram`` or ``bpe``), ``data.src_vocab_size``/``tgt_vocab_size`` (K words or
+pieces; four specials are added; SentencePiece gives fewer when the corpus supports no more, and the start-up
+output says how many), ``data.max_source_length``/``max_target_length`` (pairs longer are dropped; in words, or
+in pieces with ``sentencepiece``), ``data.batch_size``/``eval_batch_size``, ``data.bucket_boundaries``,
+``data.prefetch``.
 ``debug.inject_nan_at_step`` (-1: off) — make the parameters NaN just before update k, to exercise the
 divergence guard.
 ``parallel.strategy`` (``none``) — ``none``: one device, the plain jitted step; ``data``, ``tensor``,
@@ -88,6 +92,8 @@ __all__ = [
 ]
 
 CORPORA = ("synthetic", "tfds", "plain", "tsv")
+VOCABULARIES = ("word", "sentencepiece")
+SENTENCEPIECE_TYPES = ("unigram", "bpe")
 _MODEL_EXCLUDED = ("src_vocab", "tgt_vocab", "param_dtype", "dtype")
 # model.arch -> the config class whose fields are the other model.* keys.
 MODEL_CLASSES: dict[str, type] = {
@@ -167,6 +173,8 @@ def default_config(arch: str = "rnnsearch") -> ml_collections.ConfigDict:
             eval_split="validation",
             max_train_examples=0,
             max_eval_examples=0,
+            vocab="word",
+            sentencepiece_type="unigram",
             src_vocab_size=30000,
             tgt_vocab_size=30000,
             max_source_length=50,
@@ -479,6 +487,12 @@ def check_config(config: ml_collections.ConfigDict) -> None:
         raise ConfigError("data.corpus='plain' needs data.source_path and data.target_path")
     if d.corpus == "tsv" and not d.tsv_path:
         raise ConfigError("data.corpus='tsv' needs data.tsv_path")
+    if d.vocab not in VOCABULARIES:
+        raise ConfigError(f"data.vocab must be one of {', '.join(VOCABULARIES)}; got {d.vocab!r}")
+    if d.sentencepiece_type not in SENTENCEPIECE_TYPES:
+        raise ConfigError(
+            f"data.sentencepiece_type must be one of {', '.join(SENTENCEPIECE_TYPES)}; got {d.sentencepiece_type!r}"
+        )
     for key in ("max_train_examples", "max_eval_examples", "prefetch"):
         if d[key] < 0:
             raise ConfigError(f"data.{key} must be >= 0, got {d[key]}")

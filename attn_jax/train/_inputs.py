@@ -222,6 +222,47 @@ def describe_split(report: SplitReport, role: str, d: ml_collections.ConfigDict,
     )
 
 
+# SentencePiece trains in memory on at most this many sentences per language (the first ones: deterministic).
+SENTENCEPIECE_MAX_SENTENCES = 1_000_000
+
+
+def _train_sentencepiece(
+    d: ml_collections.ConfigDict, sources: list[str], targets: list[str]
+) -> tuple[data.Vocabulary, data.Vocabulary, str]:
+    """One SentencePiece model per language (``data.sentencepiece_type``) of ``data.src_vocab_size`` /
+    ``tgt_vocab_size`` pieces plus the four specials, trained on the kept training pairs; and the start-up line
+    saying how many pieces each got (fewer than asked when the corpus supports no more) and, past
+    :data:`SENTENCEPIECE_MAX_SENTENCES` pairs, that only the first ones trained them."""
+    sizes = (d.src_vocab_size + 4, d.tgt_vocab_size + 4)
+    vocabs = []
+    for side, key, text, size in (("source", "src", sources, sizes[0]), ("target", "tgt", targets, sizes[1])):
+        try:
+            vocabs.append(
+                data.SentencePieceVocabulary.train(
+                    text, size, model_type=d.sentencepiece_type, max_sentences=SENTENCEPIECE_MAX_SENTENCES
+                )
+            )
+        except (ValueError, RuntimeError) as e:  # SentencePiece's own refusal, as one line naming our key
+            raise data.CorpusError(
+                f"cannot train the {side} SentencePiece {d.sentencepiece_type} model of {size:,} pieces "
+                f"(data.{key}_vocab_size={size - 4:,} plus 4 specials): {' '.join(str(e).split())}"
+            ) from None
+    src, tgt = vocabs
+    got = []
+    for side, vocab, asked in (("source", src, sizes[0]), ("target", tgt, sizes[1])):
+        fewer = f" (of {asked:,} asked: the corpus supports no more)" if vocab.size < asked else ""
+        got.append(f"{side} {vocab.size:,} pieces{fewer}")
+    first = (
+        f"the first {SENTENCEPIECE_MAX_SENTENCES:,} of " if len(sources) > SENTENCEPIECE_MAX_SENTENCES else ""
+    )
+    line = (
+        f"data: SentencePiece {d.sentencepiece_type} vocabularies trained on {first}the {len(sources):,} training "
+        f"pairs of at most {d.max_source_length} source and {d.max_target_length} target words: {', '.join(got)}, "
+        "the four specials included"
+    )
+    return src, tgt, line
+
+
 class Inputs(NamedTuple):
     """Vocabularies, the training iterator and the (materialised) validation batches."""
 
@@ -236,6 +277,7 @@ class Inputs(NamedTuple):
     validation_dropped: int = 0
     train_report: SplitReport | None = None  # every pair read, kept or dropped and why
     validation_report: SplitReport | None = None  # None: no validation split (data.eval_split=none)
+    vocab_line: str = ""  # how SentencePiece vocabularies were trained ("": word vocabularies, or reloaded)
 
 
 def make_inputs(
@@ -251,7 +293,10 @@ def make_inputs(
 
     The vocabularies are the paper's shortlists: the ``src_vocab_size`` / ``tgt_vocab_size`` most frequent
     words of each side (plus four specials) of the training pairs the length filter keeps — a dropped pair
-    never trains, so its words must not take shortlist places (or, without a shortlist, embedding rows).
+    never trains, so its words must not take shortlist places (or, without a shortlist, embedding rows). With
+    ``data.vocab=sentencepiece`` they are SentencePiece models of that many pieces (plus the specials) trained
+    on the same sentences, and the length limits count pieces (:attr:`Inputs.vocab_line` says what was
+    trained).
     :attr:`Inputs.train_report` / ``validation_report`` account for every pair read: kept, or dropped by
     ``max_source_length``, ``max_target_length``, both, an empty side or ``max_*_examples`` (the trainer logs
     them with :func:`describe_split`); ``train_dropped`` / ``validation_dropped`` count the length filter's
@@ -271,20 +316,24 @@ def make_inputs(
     if eval_split is not None:
         eval_corpus, eval_beyond = _read_split(d, eval_split, d.max_eval_examples)
     train_cfg, eval_cfg = batch_configs(config)
+    vocab_line = ""
     if reuse_vocab and os.path.isdir(vocab_dir):
         src_vocab, tgt_vocab = data.load_vocabularies(vocab_dir)
     else:
         # Word vocabularies give one token per whitespace word: the batcher's filter, applied before encoding.
+        # SentencePiece gives at least one piece per word, so a pair over the limits in words is over in pieces
+        # too and never trains: its text does not train the pieces either.
         keep = train_cfg.keeps(
             [len(s.split()) for s in train_corpus.sources], [len(t.split()) for t in train_corpus.targets]
         )
         kept = [i for i in range(len(train_corpus)) if keep[i]]
-        src_vocab = data.WordVocabulary.build(
-            [train_corpus.sources[i] for i in kept], max_size=d.src_vocab_size
-        )
-        tgt_vocab = data.WordVocabulary.build(
-            [train_corpus.targets[i] for i in kept], max_size=d.tgt_vocab_size
-        )
+        sources = [train_corpus.sources[i] for i in kept]
+        targets = [train_corpus.targets[i] for i in kept]
+        if d.vocab == "sentencepiece":
+            src_vocab, tgt_vocab, vocab_line = _train_sentencepiece(d, sources, targets)
+        else:
+            src_vocab = data.WordVocabulary.build(sources, max_size=d.src_vocab_size)
+            tgt_vocab = data.WordVocabulary.build(targets, max_size=d.tgt_vocab_size)
         if save_vocab:
             data.save_vocabularies(vocab_dir, src_vocab, tgt_vocab)
     train_encoded = data.encode_corpus(train_corpus, src_vocab, tgt_vocab)
@@ -316,6 +365,7 @@ def make_inputs(
         validation_dropped=validation_dropped,
         train_report=train_report,
         validation_report=validation_report,
+        vocab_line=vocab_line,
     )
 
 

@@ -600,6 +600,8 @@ def _data_lines(config: ml_collections.ConfigDict, inputs) -> list[str]:
     d = config.data
     unit = "words" if inputs.src_vocab.word_level and inputs.tgt_vocab.word_level else "tokens"
     lines = [describe_split(inputs.train_report, "training", d, unit)]
+    if inputs.vocab_line:
+        lines.insert(0, inputs.vocab_line)
     v = inputs.validation_report
     if v is None:
         lines.append(
