@@ -88,7 +88,8 @@ def _copy(run, tmp_path) -> str:
 
 
 def _nonblank(err: str) -> list[str]:
-    return [line for line in err.splitlines() if line.strip()]
+    """stderr's lines, less the length-limit warning that every translation of this untrained run triggers."""
+    return [line for line in err.splitlines() if line.strip() and "stopped at the length limit" not in line]
 
 
 @pytest.mark.parametrize("checkpoint", ["best", "last"])
