@@ -6,16 +6,18 @@
 The paper's architecture (bidirectional GRU encoder, additive attention reading s_{i-1}, GRU decoder, maxout deep
 output) with small sizes (embedding 64, hidden 128, maxout 64, alignment 64), trained on 20,000 generated pairs of
 the built-in corpus requested at 3-30 words (13,709 kept with at most 30 words per side, as in RNNsearch-30) with
-Adam at 6e-3 for 3,000 updates of 32 sentences. Adam rather than the paper's Adadelta because a demo has minutes,
+Adam at 6e-3 for 1,500 updates of 64 sentences (the same compute as 3,000 of 32, with half the gradient noise
+while the attention locks on: with batches of 32 some runs locked it one word to the right of the aligned word).
+Adam rather than the paper's Adadelta because a demo has minutes,
 not days: with the paper's Adadelta (`--config.optimizer.name=adadelta --config.optimizer.learning_rate=1.0
 --config.optimizer.eps=1e-6 --config.optimizer.warmup_steps=0`) 1,500 updates on the earlier 3,276-pair budget
 reached validation loss 3.79 with the attention still uniform.
 
-Expected (seed study, 5 seeds x 2 XLA CPU code paths, experiments/bahdanau2015/README.md): 614k parameters;
-the attention locks on between updates 500 and 1000 (validation gold hit 0.71-0.82 at the end, 0.774 ± 0.033,
-in the study's one-core runs; the fresh-clone 2-thread `make demo` reached only 0.49, its attention partly one word
-to the right: not yet robust, see the README); test BLEU (beam 4, 140 pairs) 36.5 ± 4.1 overall (30.9-43.4). Training takes ~5-6 min on an
-idle 2-core CPU. A run is deterministic on one machine and CPU code path, not across them.
+Expected (seed study, 5 seeds x 2 XLA CPU code paths, one thread per run, experiments/bahdanau2015/README.md):
+614k parameters; the attention locks on between updates 500 and 1000 (validation gold hit 0.70-0.81 at the end,
+0.771 ± 0.036; 3-7 % of target words one word right of their gold word, none shifted; the fresh-clone 2-thread
+`make demo` 0.847); test BLEU (beam 4, 140 pairs) 39.2 ± 4.1 overall (32.7-45.0). Training takes ~5-7 min on an
+idle 2-core CPU. A run is deterministic on one machine, CPU code path and thread count, not across them.
 Smoke (`:smoke`): 30 updates on 300 short pairs, ~30 s wall (mostly compilation).
 """
 
