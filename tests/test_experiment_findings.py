@@ -178,19 +178,10 @@ def test_report_states_for_each_headline_number_whether_it_is_inside_the_study_r
     assert "No range check: the configs were overridden (--set)." in none
 
 
-def _load_seeds():
-    spec = importlib.util.spec_from_file_location(
-        "seeds", os.path.join(REPO, "experiments", "bahdanau2015", "seeds.py")
-    )
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def test_seed_study_collects_each_thread_count_as_its_own_rows(tmp_path, capsys):
     """--threads is a study dimension: runs with T > 1 live in <path>-<T>threads, one-thread runs where they were,
     and a missing (label, seed) is listed, never silently dropped."""
-    seeds = _load_seeds()
+    seeds = _load("seeds")
     assert seeds.run_label("AVX2", 1) == "AVX2" and seeds.run_label("AVX2", 2) == "AVX2-2threads"
     finished = _systems(GOOD_ENC, GOOD_ATT)
     result = {
