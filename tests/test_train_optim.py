@@ -129,6 +129,15 @@ def test_schedules_by_hand():
     np.testing.assert_allclose([float(rsqrt(t)) for t in (2, 4, 16)], [0.5, 1.0, 0.5], rtol=1e-6)
     const = make_schedule(OptimizerConfig())
     assert float(const(12345)) == 1.0
+    # warm-up 2, stable until step 6, then linear to 0.25 at step 10: 0.25 of the way per step over 4 steps
+    wsd = make_schedule(
+        OptimizerConfig(
+            name="adam", learning_rate=1.0, warmup_steps=2, decay="linear", decay_start=6, decay_steps=10,
+            final_lr_fraction=0.25,
+        )
+    )
+    expected = [0.0, 0.5, 1.0, 1.0, 1.0, 1.0, 1.0, 0.8125, 0.625, 0.4375, 0.25, 0.25]
+    np.testing.assert_allclose([float(wsd(t)) for t in range(12)], expected, rtol=1e-6)
 
 
 @pytest.mark.parametrize(
@@ -141,6 +150,8 @@ def test_schedules_by_hand():
         (dict(warmup_steps=-1), "warmup_steps"),
         (dict(decay="cosine", decay_steps=5, warmup_steps=10), "decay_steps > warmup_steps"),
         (dict(decay="step"), "optimizer.decay"),
+        (dict(decay="linear", decay_steps=10, decay_start=10), "decay_start=10"),
+        (dict(decay="constant", decay_start=10), "only applies to a cosine or linear decay"),
     ],
 )
 def test_invalid_optimizer_configs(kwargs, match):

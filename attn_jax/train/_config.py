@@ -616,6 +616,7 @@ def smoke_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict
     c.optimizer.update(warmup_steps=0)
     if c.optimizer.decay in ("cosine", "linear"):
         c.optimizer.decay_steps = c.num_train_steps
+        c.optimizer.decay_start = min(c.optimizer.get("decay_start", 0), c.num_train_steps // 2)
     d = c.data
     d.update(
         corpus="synthetic", synthetic="custom", use_tfds=False, max_train_examples=0, max_eval_examples=0

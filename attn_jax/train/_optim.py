@@ -41,6 +41,9 @@ class OptimizerConfig:
       decay: after warm-up: ``constant``; ``cosine`` / ``linear`` to ``final_lr_fraction · learning_rate`` at
         ``decay_steps``; ``rsqrt``: ``learning_rate · sqrt(max(warmup_steps, 1) / step)`` (Vaswani et al. 2017).
       decay_steps: step at which a cosine or linear decay ends (counted from step 0, warm-up included).
+      decay_start: step at which a cosine or linear decay begins; between the end of warm-up and this step the
+        rate holds at ``learning_rate`` (warm-up, stable, decay: anneal only the last updates). 0: the decay
+        begins when warm-up ends.
       final_lr_fraction: learning rate at the end of a cosine/linear decay, as a fraction of the peak.
     """
 
@@ -55,6 +58,7 @@ class OptimizerConfig:
     warmup_steps: int = 0
     decay: Literal["constant", "cosine", "linear", "rsqrt"] = "constant"
     decay_steps: int = 0
+    decay_start: int = 0
     final_lr_fraction: float = 0.0
 
     def __post_init__(self):
@@ -74,16 +78,22 @@ class OptimizerConfig:
             value = getattr(self, field)
             if not (math.isfinite(value) and value >= 0):
                 raise ValueError(f"optimizer.{field} must be >= 0 (0 disables it), got {value!r}")
-        for field in ("warmup_steps", "decay_steps"):
+        for field in ("warmup_steps", "decay_steps", "decay_start"):
             value = getattr(self, field)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"optimizer.{field} must be an int >= 0, got {value!r}")
         if not 0.0 <= self.final_lr_fraction <= 1.0:
             raise ValueError(f"optimizer.final_lr_fraction must be in [0, 1], got {self.final_lr_fraction!r}")
-        if self.decay in ("cosine", "linear") and self.decay_steps <= self.warmup_steps:
+        if self.decay in ("cosine", "linear") and self.decay_steps <= max(self.warmup_steps, self.decay_start):
             raise ValueError(
-                f"optimizer.decay={self.decay!r} needs decay_steps > warmup_steps, "
-                f"got decay_steps={self.decay_steps} and warmup_steps={self.warmup_steps}"
+                f"optimizer.decay={self.decay!r} needs decay_steps > warmup_steps and > decay_start, "
+                f"got decay_steps={self.decay_steps}, warmup_steps={self.warmup_steps}, "
+                f"decay_start={self.decay_start}"
+            )
+        if self.decay_start and self.decay not in ("cosine", "linear"):
+            raise ValueError(
+                f"optimizer.decay_start={self.decay_start} only applies to a cosine or linear decay, "
+                f"got optimizer.decay={self.decay!r}"
             )
 
 
@@ -95,17 +105,20 @@ def make_schedule(config: OptimizerConfig) -> optax.Schedule:
     [0.0, 0.5, 1.0, 0.5]
     """
     lr, warm = config.learning_rate, config.warmup_steps
+    hold = max(config.decay_start - warm, 0)  # updates at the peak rate between warm-up and the decay
     if config.decay == "constant":
         decay = optax.constant_schedule(lr)
     elif config.decay == "cosine":
-        decay = optax.cosine_decay_schedule(lr, config.decay_steps - warm, alpha=config.final_lr_fraction)
+        decay = optax.cosine_decay_schedule(lr, config.decay_steps - warm - hold, alpha=config.final_lr_fraction)
     elif config.decay == "linear":
-        decay = optax.linear_schedule(lr, lr * config.final_lr_fraction, config.decay_steps - warm)
+        decay = optax.linear_schedule(lr, lr * config.final_lr_fraction, config.decay_steps - warm - hold)
     else:
 
         def decay(count):  # count is relative to the end of warm-up
             return lr * jnp.sqrt(max(warm, 1) / jnp.maximum(count + warm, max(warm, 1)))
 
+    if hold:
+        decay = optax.join_schedules([optax.constant_schedule(lr), decay], [hold])
     if warm == 0:
         return decay
     return optax.join_schedules([optax.linear_schedule(0.0, lr, warm), decay], [warm])
