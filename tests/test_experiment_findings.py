@@ -172,10 +172,44 @@ def test_report_states_for_each_headline_number_whether_it_is_inside_the_study_r
     assert "1 of 2 numbers outside the expected range: RNNsearch BLEU all." in md
     assert "not yet finished: AVX2 seed 1" in md and "4 of 4 runs" in md
     # Smoke runs and overridden configs are not compared, and say why.
-    none = "\n".join(
-        run.findings_markdown(checks, numbers, None, argparse.Namespace(smoke=False, set=["x=1"]))
-    )
-    assert "No range check: the configs were overridden (--set)." in none
+    over = argparse.Namespace(smoke=False, set=["x=1"])
+    ranges_none, why = run.load_ranges(over)
+    none = "\n".join(run.findings_markdown(checks, numbers, ranges_none, over, why))
+    assert ranges_none is None and "No range check: the configs were overridden (--set)." in none
+
+
+def test_range_check_only_against_a_study_of_the_same_recipe(tmp_path, monkeypatch):
+    """A seed_ranges.json written for another recipe (another batch size, say) is not used: the report names the
+    setting that differs instead of comparing this run with numbers it cannot be expected to match. An option a
+    newer release added, left at its default, does not count as a difference."""
+    import argparse
+    import json
+
+    from attn_jax.train import load_config
+
+    run = _load_run()
+    spec = os.path.join(REPO, "configs", "rnnsearch_cpu.py")
+    studied = run.recipe(load_config(spec))
+    assert studied["data.batch_size"] == 64 and "seed" not in studied
+    other_seed = load_config(spec)
+    other_seed.seed = 7
+    assert run.recipe_differences(studied, run.recipe(other_seed)) == []  # the seed is not part of the recipe
+    older = {k: v for k, v in studied.items() if k != "optimizer.decay_start"}  # a study before that option
+    assert run.recipe_differences(older, studied) == []
+    other = load_config(spec)
+    other.data.batch_size, other.optimizer.decay_start = 32, 0
+    assert run.recipe_differences(studied, run.recipe(other)) == ["data.batch_size: study 64, this run 32"]
+    path = tmp_path / "seed_ranges.json"
+    monkeypatch.setattr(run, "RANGES", str(path))
+    args = argparse.Namespace(smoke=False, set=[])
+    path.write_text(json.dumps({"recipes": {"RNNsearch": studied}, "ranges": {}}))
+    ranges, why = run.load_ranges(args, {"RNNsearch": run.recipe(other_seed)})
+    assert ranges is not None and why == ""
+    ranges, why = run.load_ranges(args, {"RNNsearch": run.recipe(other)})
+    assert ranges is None and "another recipe (RNNsearch data.batch_size: study 64, this run 32)" in why
+    path.write_text(json.dumps({"ranges": {}}))  # an old study that recorded no recipe
+    ranges, why = run.load_ranges(args, {"RNNsearch": studied})
+    assert ranges is None and "records no recipe" in why
 
 
 def test_seed_study_collects_each_thread_count_as_its_own_rows(tmp_path, capsys):

@@ -5,8 +5,8 @@
     python experiments/bahdanau2015/run.py --preset paper     # prints the full-size WMT'14 commands, trains nothing
 
 Trains RNNenc (configs/rnnenc_cpu.py), RNNsearch (configs/rnnsearch_cpu.py) and the Transformer
-(configs/transformer_cpu.py) on the same data with the same budget (the same generated pairs, batches of 32
-sentences and number of updates; the RNN pair also shares sizes and optimiser), evaluates each on the test split
+(configs/transformer_cpu.py) on the same generated pairs (the RNN pair also shares sizes, optimiser, batch size and
+number of updates; the report states each system's budget), evaluates each on the test split
 with beam search (``attn_jax.cli_evaluate.evaluate_workdir``) and writes ``<out>/report.md``: BLEU by source length
 (the paper's Figure 2) as a table and a plot, overall BLEU / No-UNK BLEU / AER (Table 1), three RNNsearch attention
 heatmaps of long test sentences (Figure 3), the Transformer's cross-attention on the same sentences (last decoder
@@ -152,15 +152,66 @@ def validation_at(workdir: str, step: int) -> dict:
     return found
 
 
-def load_ranges(args: argparse.Namespace) -> dict | None:
-    """The seed study's ranges (``seed_ranges.json``), or None for smoke runs, other budgets, or none written."""
-    if args.smoke or args.set or not os.path.exists(RANGES):
-        return None
+def recipe(config) -> dict:
+    """A run's recipe: its flattened config (``{"data.batch_size": 64, ...}``, JSON-ready) without its ``seed``.
+    Two runs of one recipe under different seeds have equal recipes; the seed study records it."""
+    from attn_jax.train import flatten_config
+
+    return {
+        k: (list(v) if isinstance(v, tuple) else v)
+        for k, v in sorted(flatten_config(config).items())
+        if k != "seed"
+    }
+
+
+def recipe_differences(studied: dict, current: dict) -> list[str]:
+    """``"key: study X, this run Y"`` for every setting in which ``current`` differs from the ``studied`` recipe. A
+    key the study's version did not have yet counts only when this run sets it away from its default (a newer
+    release adding an option does not invalidate a study)."""
+    from attn_jax.train import default_config
+
+    defaults = recipe(default_config())
+    out = []
+    for k in sorted(set(studied) | set(current)):
+        if k not in studied and k in defaults and current[k] == defaults[k]:
+            continue
+        if studied.get(k, "(absent)") != current.get(k, "(absent)"):
+            out.append(f"{k}: study {studied.get(k, '(absent)')!r}, this run {current.get(k, '(absent)')!r}")
+    return out
+
+
+def load_ranges(args: argparse.Namespace, recipes: dict[str, dict] | None = None) -> tuple[dict | None, str]:
+    """The seed study's ranges (``seed_ranges.json``) and ``""``, or None and why there is no range check: a smoke
+    run, overridden configs, no study written, or a study of another recipe (``recipes``: system -> this run's
+    :func:`recipe`, compared with the recipes the study recorded)."""
+    if args.smoke:
+        return None, "a smoke run"
+    if args.set:
+        return None, "the configs were overridden (--set)"
+    if not os.path.exists(RANGES):
+        return None, f"no seed study is recorded ({os.path.relpath(RANGES, REPO)} is missing)"
     with open(RANGES, encoding="utf-8") as f:
-        return json.load(f)
+        ranges = json.load(f)
+    studied = ranges.get("recipes", {})
+    where = os.path.relpath(RANGES, REPO)
+    if not studied:
+        return None, f"the seed study ({where}) records no recipe to compare this run's with"
+    diffs = [
+        f"{s} {d}"
+        for s, r in sorted((recipes or {}).items())
+        if s in studied
+        for d in recipe_differences(studied[s], r)
+    ]
+    if diffs:
+        shown = "; ".join(diffs[:3]) + (f"; {len(diffs) - 3} more" if len(diffs) > 3 else "")
+        return None, (
+            f"the seed study ({where}) was run with another recipe ({shown}): rerun "
+            "experiments/bahdanau2015/seeds.py --write-ranges"
+        )
+    return ranges, ""
 
 
-def findings_markdown(checks, numbers, ranges, args) -> list[str]:
+def findings_markdown(checks, numbers, ranges, args, why_no_ranges: str = "") -> list[str]:
     """The report's findings and range-check sections."""
     md = ["## The paper's findings, checked on this run\n", "| finding | holds | evidence |", "|---|---|---|"]
     md += [f"| {c.name} | {'yes' if c.holds else '**no**'} | {c.detail} |" for c in checks]
@@ -172,14 +223,7 @@ def findings_markdown(checks, numbers, ranges, args) -> list[str]:
         )
     md += ["", "## This run against the seed study\n"]
     if ranges is None:
-        why = (
-            "a smoke run"
-            if args.smoke
-            else "the configs were overridden (--set)"
-            if args.set
-            else f"no seed study is recorded ({os.path.relpath(RANGES, REPO)} is missing)"
-        )
-        return [*md, f"No range check: {why}.\n"]
+        return [*md, f"No range check: {why_no_ranges or 'no seed study'}.\n"]
     study = ranges["ranges"]
     md += [
         f"Expected range: the seed study's mean ± 3 sd, widened to its min-max ({ranges['runs']} runs: seeds "
@@ -256,7 +300,8 @@ def run_experiment(args: argparse.Namespace) -> str:
     results = {s: run_numbers(r) for s, r in runs.items()}
     checks = fd.check_findings(results)
     numbers = fd.headline(results)
-    ranges = load_ranges(args)
+    recipes = {s: recipe(r["config"]) for s, r in runs.items()}
+    ranges, why_no_ranges = load_ranges(args, recipes)
     with open(os.path.join(out, "results.json"), "w", encoding="utf-8") as f:
         json.dump(
             {
@@ -264,6 +309,7 @@ def run_experiment(args: argparse.Namespace) -> str:
                 "findings": [c._asdict() for c in checks],
                 "headline": numbers,
                 "seeds": {s: r["config"].seed for s, r in runs.items()},
+                "recipes": recipes,
                 "xla_flags": os.environ.get("XLA_FLAGS", ""),
             },
             f,
@@ -280,8 +326,12 @@ def run_experiment(args: argparse.Namespace) -> str:
 
     md = [
         f"# Bahdanau et al. (2015) at CPU scale: {' vs '.join(names)}\n",
-        f"Preset: {'cpu, smoke configs' if args.smoke else 'cpu'}. Every model trained on the same data with the same "
-        f"number of updates and batch size, evaluated on the test split with beam {beam} on at most {max_examples} "
+        f"Preset: {'cpu, smoke configs' if args.smoke else 'cpu'}. Every model trained on the same generated pairs ("
+        + "; ".join(
+            f"{s}: {r['config'].num_train_steps:,} updates of {r['config'].data.batch_size} sentences"
+            for s, r in runs.items()
+        )
+        + f"), evaluated on the test split with beam {beam} on at most {max_examples} "
         "pairs spread over the source-length buckets.\n",
         "## BLEU by source sentence length (Figure 2)\n",
         ev.bleu_by_length_markdown(by_length),
@@ -297,7 +347,7 @@ def run_experiment(args: argparse.Namespace) -> str:
             "teacher-forced on the reference (each reference word linked to its most-attended source word)."
         )
     md.append("")
-    md += findings_markdown(checks, numbers, ranges, args)
+    md += findings_markdown(checks, numbers, ranges, args, why_no_ranges)
     for system, caption in (
         ("RNNsearch", "RNNsearch attention on test sentences (Figure 3)"),
         ("Transformer", "Transformer cross-attention on test sentences (last decoder layer)"),

@@ -208,6 +208,21 @@ def study_markdown(runs: list[dict], command: str) -> tuple[str, dict]:
     return "\n".join(md) + "\n", ranges
 
 
+def _recipes(runs: list[dict]) -> dict[str, dict]:
+    """system -> the recipe every run recorded (run.py's ``recipe``: the flattened config without the seed); a
+    study whose runs followed different recipes is refused, as its ranges would mix them."""
+    out: dict[str, set] = {}
+    for r in runs:
+        for system, rec in r.get("recipes", {}).items():
+            out.setdefault(system, set()).add(json.dumps(rec, sort_keys=True))
+    mixed = sorted(s for s, fps in out.items() if len(fps) > 1)
+    if mixed:
+        raise SystemExit(
+            f"seeds.py: the runs followed different recipes for {', '.join(mixed)}; not writing ranges"
+        )
+    return {s: json.loads(next(iter(fps))) for s, fps in sorted(out.items())}
+
+
 def _fmt(name: str, v: float) -> str:
     return f"{100 * v:.1f}%" if ("AER" in name or "gold hit" in name) else f"{v:.2f}"
 
@@ -249,6 +264,7 @@ def main(argv=None) -> int:
                     "seeds": sorted({r["seed"] for r in runs}),
                     "code_paths": sorted({r["code_path"] for r in runs}),
                     "threads": sorted({r["threads"] for r in runs}),
+                    "recipes": _recipes(runs),
                     "ranges": ranges,
                     "findings_held": {
                         f["name"]: sum(
