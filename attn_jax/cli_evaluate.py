@@ -11,7 +11,8 @@ as the paper's Figure 3 is (the longest sentences within the training lengths th
 exactly, plus one beyond them as the failure case: :func:`figure3_examples`), prints the tables and writes
 them to ``--out`` (default ``workdir/eval/<split>``):
 
-    sources.txt  references.txt  hypotheses.txt     the scored sentences, line-aligned (BLEU can be recomputed)
+    sources.txt  references.txt  hypotheses.txt     the sentences, line-aligned (BLEU can be recomputed)
+    references.detok.txt  hypotheses.detok.txt     with --detokenize moses: the detokenised text BLEU scored
     alignments.txt                                  Pharaoh links from teacher-forced attention (AER's input)
     bleu_by_length.{md,json}  summary.{md,json}     the tables (JSON: fractions, null for an empty bucket)
     evaluation.json  evaluation.md                  everything: scores, options, checkpoint, timings, pictures
@@ -28,6 +29,16 @@ Empty sides: pairs of the split whose source or reference is empty are skipped b
 count is a warning on stderr (``warning: 1 pair of data/test.en | data/test.fr with an empty source or reference
 skipped (not translated, not scored)``) and is kept in ``summary.json`` (``<system>.skipped_empty``, 0 when
 none), ``evaluation.json`` (``skipped_empty``), ``summary.md`` and ``evaluation.md``.
+
+BLEU on real text: sacreBLEU's standard score (``tok:13a``) is defined on raw, untokenised text. A corpus
+that is Moses-tokenised (``l' ordinateur , dit-il .``) is scored either detokenised (``--detokenize moses
+--detokenize-lang fr``: sacremoses joins hypotheses and references back into running text, so the BLEU equals
+sacreBLEU's on the raw text; the signature ends in ``|detok:moses-fr``) or on its tokens exactly as given
+(``--bleu-tokenize none``, ``tok:none``: the flag for pre-tokenised data sets, not comparable with scores of raw
+text). When the references of a corpus other than the built-in one look tokenised and neither flag was given,
+one warning line on stderr says so and names both flags; the choice is kept in ``summary.json``
+(``<system>.bleu_options``), ``evaluation.json`` and the signature. The built-in corpus is defined on its tokens
+and is scored as it always was (``tok:13a``, no detokenisation, no warning).
 
 Progress: decoding shows the sentences done, their rate and an ETA on stderr, as ``attn-jax train`` does:
 ``--progress bar`` (one line redrawn in place; the default on a terminal) or ``lines`` (a line every 10 s; the
@@ -47,9 +58,11 @@ Exit status: 0 done; 1 a missing workdir or checkpoint, an unreadable corpus or 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import functools
 import json
+import logging
 import math
 import os
 import sys
@@ -77,6 +90,8 @@ from attn_jax.cli_translate import (
 
 __all__ = [
     "add_evaluate_parser",
+    "bleu_flags_problem",
+    "bleu_options",
     "decode_progress",
     "evaluate_workdir",
     "hypothesis_cross_attention",
@@ -317,6 +332,9 @@ def evaluate_workdir(
     max_length_ratio: float | None = None,
     max_length_offset: int | None = None,
     progress: Callable[[int, int, float], None] | None = None,
+    bleu_tokenize: str | None = None,
+    detokenize: str = "none",
+    detokenize_lang: str = "en",
 ) -> dict[str, Any]:
     """Evaluate a training run on one split: decode, BLEU overall / by length / No UNK, AER, heatmaps, tables.
 
@@ -342,6 +360,10 @@ def evaluate_workdir(
         (``attn_jax.cli_translate.length_limit``; None: the run's default).
       progress: called with ``(sentences done, total, fraction of the work)``: once with 0 before decoding,
         then after each batch (:func:`decode_progress` draws it with an ETA).
+      bleu_tokenize: sacreBLEU's tokeniser (``13a``, ``none``, ``intl``, ...); None: ``13a``, not chosen, so a
+        corpus whose references look tokenised gets a warning (:func:`bleu_options`).
+      detokenize, detokenize_lang: ``"moses"`` and a language detokenise hypotheses and references before BLEU
+        (``attn_jax.eval.corpus_bleu``); ``"none"`` scores them as given.
 
     Returns:
       A dict: ``system``, ``workdir``, ``step``, ``checkpoint_note`` (None, or why another checkpoint than
@@ -351,7 +373,9 @@ def evaluate_workdir(
       warning and kept in ``summary.json`` under ``<system>.skipped_empty``),
       ``length_limit`` (``LengthLimitReport.to_dict``: ``stopped_at_limit`` of ``translations``, the rule; and
       ``stopped_indices``, the split's indices of the translations cut),
-      ``options``, ``timings``, ``files`` (name -> path) and two objects for composing multi-system tables:
+      ``bleu_options`` (:func:`bleu_options`: tokeniser, detokeniser and language, whether the references look
+      tokenised, and the warning given, if any), ``options``, ``timings``, ``files`` (name -> path) and two
+      objects for composing multi-system tables:
       ``bleu_by_length_result`` (:class:`attn_jax.eval.BleuByLength`) and ``system_scores``
       (:class:`attn_jax.eval.SystemScores`). ``evaluation.json`` holds the same minus those two objects.
 
@@ -362,6 +386,15 @@ def evaluate_workdir(
     from attn_jax import eval as ev
 
     log = log or (lambda *a, **k: None)
+    problem = bleu_flags_problem(bleu_tokenize, detokenize, detokenize_lang)
+    if problem:
+        raise TranslateError(problem)
+    tokenize = bleu_tokenize or "13a"
+    bleu_kw: dict[str, Any] = {
+        "tokenize": tokenize,
+        "detokenize": detokenize,
+        "detokenize_lang": detokenize_lang,
+    }
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
     loaded = load_model(workdir, checkpoint)
@@ -416,14 +449,25 @@ def evaluate_workdir(
         log(f"length limit: {limit_report.describe_limit()}; no translation stopped at it")
 
     t0 = time.perf_counter()
-    by_length = ev.bleu_by_length(hypotheses, references, sources)
-    sv, tv = loaded.src_vocab, loaded.tgt_vocab
-    no_unk = ev.bleu_no_unk(
-        hypotheses,
+    bleu_opts = bleu_options(
         references,
-        source_has_unk=[ev.has_unk(sv.encode(s), unk_id=sv.unk_id) for s in sources],
-        reference_has_unk=[ev.has_unk(tv.encode(r), unk_id=tv.unk_id) for r in references],
+        bleu_tokenize=bleu_tokenize,
+        detokenize=detokenize,
+        detokenize_lang=detokenize_lang,
+        built_in=str(loaded.config.data.corpus) == "synthetic",
     )
+    if bleu_opts["warning"]:  # never silent: stderr, summary.json/md and evaluation.json/md all say it
+        log(f"warning: {bleu_opts['warning']}")
+    sv, tv = loaded.src_vocab, loaded.tgt_vocab
+    with _without_sacrebleu_tokenized_warning():  # bleu_options has said it once, with the flags to use
+        by_length = ev.bleu_by_length(hypotheses, references, sources, **bleu_kw)
+        no_unk = ev.bleu_no_unk(
+            hypotheses,
+            references,
+            source_has_unk=[ev.has_unk(sv.encode(s), unk_id=sv.unk_id) for s in sources],
+            reference_has_unk=[ev.has_unk(tv.encode(r), unk_id=tv.unk_id) for r in references],
+            **bleu_kw,
+        )
     word_level = getattr(sv, "word_level", False) and getattr(tv, "word_level", False)
     ref_attention = reference_attention(loaded, sources, references, batch_size=batch_size)
     aer = aer_within = links = None
@@ -460,6 +504,10 @@ def evaluate_workdir(
     _write_lines(path("sources.txt"), sources)
     _write_lines(path("references.txt"), references)
     _write_lines(path("hypotheses.txt"), hypotheses)
+    # With a detokeniser, the exact strings BLEU scored, so that sacrebleu reproduces the score from files.
+    if detokenize != "none":
+        _write_lines(path("references.detok.txt"), ev.detokenize(references, detokenize, detokenize_lang))
+        _write_lines(path("hypotheses.detok.txt"), ev.detokenize(hypotheses, detokenize, detokenize_lang))
     if links is not None:
         _write_lines(path("alignments.txt"), [ev.format_pharaoh(a) for a in links])
     scores = ev.SystemScores(by_length.overall, no_unk, aer)
@@ -468,6 +516,8 @@ def evaluate_workdir(
     summary_md = ev.summary_markdown({system: scores}) + f"\n{limit_line}\n"
     if skipped:
         summary_md += f"\n{_skipped_text(skipped, corpus.name)}.\n"
+    if bleu_opts["warning"]:
+        summary_md += f"\n**Warning:** {bleu_opts['warning']}.\n"
     with open(path("bleu_by_length.md"), "w", encoding="utf-8") as f:
         f.write(by_length_md)
     with open(path("summary.md"), "w", encoding="utf-8") as f:
@@ -477,6 +527,7 @@ def evaluate_workdir(
     summary = ev.summary_json({system: scores})
     summary[system]["length_limit"] = limit_report.to_dict()
     summary[system]["skipped_empty"] = skipped
+    summary[system]["bleu_options"] = bleu_opts
     with open(path("summary.json"), "w", encoding="utf-8") as f:
         json.dump(summary, f, indent=2, allow_nan=False)
     ev.plot_bleu_by_length({system: by_length}, path("bleu_by_length.png"), title=f"{system}: BLEU by length")
@@ -554,6 +605,7 @@ def evaluate_workdir(
         "skipped_empty": skipped,
         "bleu": by_length.overall.score,
         "signature": by_length.signature,
+        "bleu_options": bleu_opts,
         "bleu_by_length": by_length.to_dict(),
         "no_unk": no_unk.to_dict(),
         "aer": None if aer is None else aer.to_dict(),
@@ -575,6 +627,9 @@ def evaluate_workdir(
             "max_examples": max_examples,
             "replace_unk": replace_unk,
             "batch_size": batch_size,
+            "bleu_tokenize": bleu_tokenize,
+            "detokenize": detokenize,
+            "detokenize_lang": detokenize_lang,
         },
         "timings": timings,
         "files": files,
@@ -585,6 +640,7 @@ def evaluate_workdir(
         f"Beam {beam_size}, α = {alpha}, β = {beta}; {len(sources)} sentences.\n",
         f"{'**Warning:** ' if limit_report.stopped else ''}{limit_line}\n",
         *([f"**Warning:** {_skipped_text(skipped, corpus.name)}.\n"] if skipped else []),
+        *([f"**Warning:** {bleu_opts['warning']}.\n"] if bleu_opts["warning"] else []),
         "## BLEU by source length\n",
         by_length_md,
         "## Summary\n",
@@ -610,6 +666,93 @@ def evaluate_workdir(
     result["bleu_by_length_result"] = by_length
     result["system_scores"] = scores
     return result
+
+
+def bleu_flags_problem(bleu_tokenize: str | None, detokenize: str, detokenize_lang: str) -> str | None:
+    """Why ``--bleu-tokenize``/``--detokenize``/``--detokenize-lang`` cannot be used, or None when they can."""
+    from attn_jax.eval import DETOKENIZERS
+
+    if detokenize not in DETOKENIZERS:
+        return f"--detokenize must be one of {', '.join(DETOKENIZERS)}, got {detokenize!r}"
+    lang = detokenize_lang
+    if not (
+        isinstance(lang, str) and lang.isascii() and lang.isalpha() and lang.islower() and 2 <= len(lang) <= 3
+    ):
+        return f"--detokenize-lang must be a Moses language code such as en, fr or de, got {lang!r}"
+    if bleu_tokenize is not None:
+        from sacrebleu.metrics import BLEU
+
+        if bleu_tokenize not in BLEU.TOKENIZERS:
+            names = ", ".join(BLEU.TOKENIZERS)
+            return f"--bleu-tokenize must be a sacreBLEU tokeniser ({names}), got {bleu_tokenize!r}"
+    return None
+
+
+def bleu_options(
+    references: Sequence[str],
+    *,
+    bleu_tokenize: str | None = None,
+    detokenize: str = "none",
+    detokenize_lang: str = "en",
+    built_in: bool = False,
+) -> dict[str, Any]:
+    """How :func:`evaluate_workdir` scores BLEU, and the warning to give when nobody chose it for tokenised text.
+
+    Returns ``{"tokenize", "detokenize", "detokenize_lang" (None without detokenising), "looks_tokenized"
+    (``attn_jax.eval.looks_tokenized`` of the references), "warning" (one sentence, or None)}``. The warning is
+    given when the references look tokenised and neither ``--detokenize`` nor ``--bleu-tokenize`` was chosen
+    (``bleu_tokenize`` None, ``detokenize="none"``), except on the built-in corpus, whose BLEU is defined on its
+    tokens (it has no raw form): sacreBLEU's ``13a`` on tokenised text is not the standard, comparable score.
+
+    >>> bleu_options(["l' ordinateur , dit-il ."])["warning"].startswith("BLEU is scored with tok:13a on text")
+    True
+    >>> bleu_options(["l' ordinateur , dit-il ."], built_in=True)["warning"] is None  # the built-in corpus
+    True
+    >>> bleu_options(["l' ordinateur , dit-il ."], detokenize="moses", detokenize_lang="fr")["warning"] is None
+    True
+    """
+    from attn_jax.eval import looks_tokenized
+
+    tokenized = looks_tokenized(references)
+    warning = None
+    if tokenized and bleu_tokenize is None and detokenize == "none" and not built_in:
+        warning = (
+            "BLEU is scored with tok:13a on text that looks tokenised (the references have punctuation set off by "
+            "spaces): not the standard sacreBLEU score of raw text. Pass --detokenize moses --detokenize-lang "
+            "LANG to score detokenised text, or --bleu-tokenize none to score the tokens as given"
+        )
+    return {
+        "tokenize": bleu_tokenize or "13a",
+        "detokenize": detokenize,
+        "detokenize_lang": detokenize_lang if detokenize != "none" else None,
+        "looks_tokenized": tokenized,
+        "warning": warning,
+    }
+
+
+class _DropTokenizedWarning(logging.Filter):
+    """Drops sacreBLEU's three-line "forgot to detokenize" warning (it comes once per scored subset)."""
+
+    _STARTS = (
+        "That's 100 lines that end in a tokenized period",
+        "It looks like you forgot to detokenize",
+        "If you insist",
+    )
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(self._STARTS)
+
+
+@contextlib.contextmanager
+def _without_sacrebleu_tokenized_warning():
+    """sacreBLEU's tokenised-text warning silenced while scoring: :func:`bleu_options` gives one line instead."""
+    logger = logging.getLogger("sacrebleu")
+    drop = _DropTokenizedWarning()
+    logger.addFilter(drop)
+    try:
+        yield
+    finally:
+        logger.removeFilter(drop)
 
 
 def _skipped_text(skipped: int, name: str) -> str:
@@ -724,6 +867,28 @@ def add_evaluate_parser(subparsers) -> argparse.ArgumentParser:
         help="decoding progress on stderr: a bar (redrawn in place) or a line every 10 s, with rate and ETA "
         "(default: %(default)s = bar on a terminal)",
     )
+    p.add_argument(
+        "--detokenize",
+        choices=("none", "moses"),
+        default="none",
+        help="detokenise hypotheses and references before BLEU: 'moses' (sacremoses) for a Moses-tokenised corpus "
+        "(\"l' ordinateur , dit-il .\"), so that the BLEU is sacreBLEU's standard score of the raw text; the "
+        "signature then ends in |detok:moses-LANG (default: %(default)s)",
+    )
+    p.add_argument(
+        "--detokenize-lang",
+        default="en",
+        metavar="LANG",
+        help="the target language's Moses code for --detokenize moses: en, fr, de, ... (default: %(default)s)",
+    )
+    p.add_argument(
+        "--bleu-tokenize",
+        default=None,
+        metavar="TOK",
+        help="sacreBLEU's tokeniser: 13a, none, intl, char, ... (default: 13a); 'none' scores pre-tokenised "
+        "text on its tokens exactly as given (tok:none; not comparable with scores of raw text). Without this "
+        "flag or --detokenize, references that look tokenised get a one-line warning",
+    )
     add_length_limit_flags(p)
     p.set_defaults(func=run_evaluate)
     return p
@@ -746,6 +911,7 @@ def run_evaluate(args: argparse.Namespace) -> int:
         if not (math.isfinite(value) and value >= 0):
             return _error(f"{flag} must be a finite number >= 0, got {value}", 2)
     problem = length_flags_problem(args.max_length, args.max_length_ratio, args.max_length_offset)
+    problem = problem or bleu_flags_problem(args.bleu_tokenize, args.detokenize, args.detokenize_lang)
     if problem:
         return _error(problem, 2)
 
@@ -773,6 +939,9 @@ def run_evaluate(args: argparse.Namespace) -> int:
             max_length_ratio=args.max_length_ratio,
             max_length_offset=args.max_length_offset,
             progress=decode_progress(line),
+            bleu_tokenize=args.bleu_tokenize,
+            detokenize=args.detokenize,
+            detokenize_lang=args.detokenize_lang,
         )
     except (TranslateError, CorpusError) as e:
         line.close()

@@ -1,7 +1,8 @@
 """Evaluation for attn_jax: sacreBLEU overall, by source length and without ``<unk>``; AER; heatmaps; tables.
 
-Works on strings, token lists and NumPy arrays and imports nothing else of attn_jax; sacrebleu and matplotlib
-(the ``eval`` extra) are imported only when a BLEU score or a picture is made. See attn_jax/eval/README.md.
+Works on strings, token lists and NumPy arrays and imports nothing else of attn_jax; sacrebleu, sacremoses and
+matplotlib (the ``eval`` extra) are imported only when a BLEU score, a detokenisation or a picture is made.
+See attn_jax/eval/README.md.
 
 Typical use::
 
@@ -44,6 +45,7 @@ from attn_jax.eval._bleu import (
     has_unk,
     length_buckets,
 )
+from attn_jax.eval._detok import DETOKENIZERS, detokenize, looks_tokenized
 from attn_jax.eval._plots import attention_figsize, plot_attention, plot_bleu_by_length
 from attn_jax.eval._tables import (
     SystemScores,
@@ -54,6 +56,7 @@ from attn_jax.eval._tables import (
 )
 
 __all__ = [
+    "DETOKENIZERS",
     "PAPER_BUCKETS",
     "UNK_ID",
     "UNK_TOKEN",
@@ -77,10 +80,12 @@ __all__ = [
     "bleu_subset",
     "bucket_index",
     "corpus_bleu",
+    "detokenize",
     "format_pharaoh",
     "has_unk",
     "length_buckets",
     "links_from_matrix",
+    "looks_tokenized",
     "mutual_argmax_alignment",
     "parse_pharaoh",
     "plot_attention",

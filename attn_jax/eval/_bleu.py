@@ -1,4 +1,5 @@
-"""Corpus BLEU with sacreBLEU: overall, by source-sentence length bucket, and on the sentences without ``<unk>``."""
+"""Corpus BLEU with sacreBLEU: overall, by source-sentence length bucket, and on the sentences without ``<unk>``;
+optionally on Moses-detokenised text."""
 
 from __future__ import annotations
 
@@ -7,6 +8,9 @@ import math
 import operator
 from collections.abc import Callable, Sequence
 from typing import Any
+
+from attn_jax.eval._detok import check_detokenize
+from attn_jax.eval._detok import detokenize as _detokenize
 
 # The special-id layout of attn_jax.data (<pad> 0, <s> 1, </s> 2, <unk> 3), repeated here because eval/ imports
 # nothing of ours; tests/test_eval.py checks that the two agree.
@@ -20,7 +24,8 @@ class BleuResult:
 
     Attributes:
       score: BLEU in [0, 100]; NaN for an empty set of sentences.
-      signature: sacreBLEU's signature, e.g. ``nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.6.0``.
+      signature: sacreBLEU's signature, e.g. ``nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.6.0``,
+        followed by ``|detok:moses-fr`` when the sentences were detokenised (Moses, French) before scoring.
       num_sentences: number of hypothesis/reference pairs scored.
       precisions: modified n-gram precisions (percent), n = 1..4.
       brevity_penalty: BP in [0, 1].
@@ -161,6 +166,8 @@ def corpus_bleu(
     *,
     tokenize: str = "13a",
     lowercase: bool = False,
+    detokenize: str = "none",
+    detokenize_lang: str = "en",
 ) -> BleuResult:
     """Corpus BLEU of detokenised hypotheses against one reference each, computed by sacreBLEU.
 
@@ -169,12 +176,18 @@ def corpus_bleu(
     computed by sacreBLEU (Post, 2018) with its defaults (``13a`` tokenisation, exponential smoothing), so the
     number is comparable across papers through :attr:`BleuResult.signature`. The built-in corpus is already
     whitespace-tokenised; ``13a`` leaves it as it is (pass ``tokenize="none"`` to score tokens exactly as given).
+    Moses-tokenised text of a real corpus (``"l' ordinateur , dit-il ."``) is not what sacreBLEU's standard
+    score expects: ``detokenize="moses"`` joins hypotheses and references back into running text first
+    (sacremoses, :func:`attn_jax.eval.detokenize`), so the score equals sacreBLEU's on the raw text, and the
+    signature ends in ``|detok:moses-<lang>``.
 
     Args:
       hypotheses: N system outputs, one string per sentence.
       references: N references, one per hypothesis.
       tokenize: sacreBLEU tokeniser name (``"13a"``, ``"none"``, ``"intl"``, ``"char"``, ...).
       lowercase: case-insensitive BLEU.
+      detokenize: ``"none"`` (score the strings as given) or ``"moses"`` (detokenise both sides first).
+      detokenize_lang: the Moses language of hypotheses and references (``en``, ``fr``, ``de``, ...).
 
     Returns:
       A :class:`BleuResult` (score, signature, sentence count, precisions, BP, lengths).
@@ -186,7 +199,8 @@ def corpus_bleu(
     _check_pairs(hypotheses, references)
     if not hypotheses:
         raise ValueError("corpus_bleu: no sentences to score")
-    return _score(_metric(tokenize, lowercase), hypotheses, references)
+    scorer = _Scorer(tokenize, lowercase, detokenize, detokenize_lang)
+    return scorer.score(*scorer.prepare(hypotheses, references))
 
 
 def bleu_by_length(
@@ -198,6 +212,8 @@ def bleu_by_length(
     buckets: Sequence[LengthBucket] = PAPER_BUCKETS,
     tokenize: str = "13a",
     lowercase: bool = False,
+    detokenize: str = "none",
+    detokenize_lang: str = "en",
 ) -> BleuByLength:
     """Corpus BLEU overall and within each source-length bucket (Bahdanau et al., 2015, Figure 2).
 
@@ -213,7 +229,8 @@ def bleu_by_length(
       lengths: N source lengths, overriding the word counts of ``sources``.
       buckets: contiguous buckets starting at 0 with an open last one, e.g. ``length_buckets((10, 20, 30))``;
         default :data:`PAPER_BUCKETS` (0-9, 10-19, ..., 50-59, 60+).
-      tokenize, lowercase: as in :func:`corpus_bleu`.
+      tokenize, lowercase, detokenize, detokenize_lang: as in :func:`corpus_bleu` (detokenising changes the
+        scored sentences, not the source lengths).
 
     Returns:
       :class:`BleuByLength` with the overall score and one :class:`BucketBleu` per bucket, in bucket order.
@@ -233,18 +250,19 @@ def bleu_by_length(
     else:
         _check_count("lengths", lengths, len(hypotheses))
     _check_buckets(buckets)
-    metric = _metric(tokenize, lowercase)
+    scorer = _Scorer(tokenize, lowercase, detokenize, detokenize_lang)
+    hypotheses, references = scorer.prepare(hypotheses, references)
     members: list[list[int]] = [[] for _ in buckets]
     for n, length in enumerate(lengths):
         members[bucket_index(int(length), buckets)].append(n)
     per_bucket = tuple(
         BucketBleu(
             b,
-            _score(metric, [hypotheses[n] for n in rows], [references[n] for n in rows]),
+            scorer.score([hypotheses[n] for n in rows], [references[n] for n in rows]),
         )
         for b, rows in zip(buckets, members, strict=True)
     )
-    return BleuByLength(_score(metric, hypotheses, references), per_bucket)
+    return BleuByLength(scorer.score(hypotheses, references), per_bucket)
 
 
 def bleu_subset(
@@ -254,6 +272,8 @@ def bleu_subset(
     *,
     tokenize: str = "13a",
     lowercase: bool = False,
+    detokenize: str = "none",
+    detokenize_lang: str = "en",
 ) -> BleuResult:
     """Corpus BLEU of the sentences selected by ``keep`` (flags, or a predicate on the sentence index).
 
@@ -261,7 +281,7 @@ def bleu_subset(
       hypotheses: N system outputs.
       references: N references.
       keep: N booleans, or ``keep(n) -> bool`` for sentence index n.
-      tokenize, lowercase: as in :func:`corpus_bleu`.
+      tokenize, lowercase, detokenize, detokenize_lang: as in :func:`corpus_bleu`.
 
     Returns:
       :class:`BleuResult` of the kept sentences (NaN score when none is kept).
@@ -276,7 +296,8 @@ def bleu_subset(
         _check_count("keep flags", keep, len(hypotheses))
         flags = [bool(k) for k in keep]
     rows = [n for n, k in enumerate(flags) if k]
-    return _score(_metric(tokenize, lowercase), [hypotheses[n] for n in rows], [references[n] for n in rows])
+    scorer = _Scorer(tokenize, lowercase, detokenize, detokenize_lang)
+    return scorer.score(*scorer.prepare([hypotheses[n] for n in rows], [references[n] for n in rows]))
 
 
 def has_unk(sentence: str | Sequence[int], *, unk_id: int = UNK_ID, unk_token: str = UNK_TOKEN) -> bool:
@@ -299,6 +320,8 @@ def bleu_no_unk(
     reference_has_unk: Sequence[bool],
     tokenize: str = "13a",
     lowercase: bool = False,
+    detokenize: str = "none",
+    detokenize_lang: str = "en",
 ) -> BleuResult:
     """Corpus BLEU on the sentences without unknown words (Bahdanau et al., 2015, Table 1, "No UNK").
 
@@ -314,7 +337,7 @@ def bleu_no_unk(
       references: N references.
       source_has_unk: N flags, True where the source sentence has an unknown word.
       reference_has_unk: N flags, True where the reference has an unknown word.
-      tokenize, lowercase: as in :func:`corpus_bleu`.
+      tokenize, lowercase, detokenize, detokenize_lang: as in :func:`corpus_bleu`.
 
     Returns:
       :class:`BleuResult` of the sentences with both flags False; ``num_sentences`` says how many.
@@ -326,10 +349,40 @@ def bleu_no_unk(
     _check_count("source_has_unk flags", source_has_unk, len(hypotheses))
     _check_count("reference_has_unk flags", reference_has_unk, len(hypotheses))
     keep = [not (s or r) for s, r in zip(source_has_unk, reference_has_unk, strict=True)]
-    return bleu_subset(hypotheses, references, keep, tokenize=tokenize, lowercase=lowercase)
+    return bleu_subset(
+        hypotheses,
+        references,
+        keep,
+        tokenize=tokenize,
+        lowercase=lowercase,
+        detokenize=detokenize,
+        detokenize_lang=detokenize_lang,
+    )
 
 
 # --------------------------------------------------------------------------------------------------------------
+
+
+class _Scorer:
+    """One BLEU setting: the detokeniser applied by :meth:`prepare`, the sacreBLEU metric used by :meth:`score`."""
+
+    def __init__(self, tokenize: str, lowercase: bool, detokenize: str, detokenize_lang: str):
+        check_detokenize(detokenize, detokenize_lang)
+        self.detokenize, self.lang = detokenize, detokenize_lang
+        # Never part of sacreBLEU's own signature: appended so that a detokenised score is never taken for one on
+        # the text as given.
+        self.suffix = "" if detokenize == "none" else f"|detok:{detokenize}-{detokenize_lang}"
+        self.metric = _metric(tokenize, lowercase)
+
+    def prepare(self, hypotheses: Sequence[str], references: Sequence[str]) -> tuple[list[str], list[str]]:
+        """Both sides detokenised (or as given)."""
+        return (
+            _detokenize(hypotheses, self.detokenize, self.lang),
+            _detokenize(references, self.detokenize, self.lang),
+        )
+
+    def score(self, hypotheses: Sequence[str], references: Sequence[str]) -> BleuResult:
+        return _score(self.metric, hypotheses, references, self.suffix)
 
 
 def _metric(tokenize: str, lowercase: bool):
@@ -339,17 +392,18 @@ def _metric(tokenize: str, lowercase: bool):
     return BLEU(tokenize=tokenize, lowercase=lowercase)
 
 
-def _score(metric, hypotheses: Sequence[str], references: Sequence[str]) -> BleuResult:
+def _score(metric, hypotheses: Sequence[str], references: Sequence[str], suffix: str = "") -> BleuResult:
     """sacreBLEU's corpus score as a :class:`BleuResult`; NaN for no sentences (sacreBLEU fails on those)."""
     if not hypotheses:
         # sacreBLEU knows its signature (nrefs) only once it has scored something; score a dummy pair.
         metric.corpus_score(["."], [["."]])
         nan = math.nan
-        return BleuResult(nan, str(metric.get_signature()), 0, (nan,) * metric.max_ngram_order, nan, 0, 0)
+        sig = str(metric.get_signature()) + suffix
+        return BleuResult(nan, sig, 0, (nan,) * metric.max_ngram_order, nan, 0, 0)
     s = metric.corpus_score(list(hypotheses), [list(references)])
     return BleuResult(
         float(s.score),
-        str(metric.get_signature()),
+        str(metric.get_signature()) + suffix,
         len(hypotheses),
         tuple(float(p) for p in s.precisions),
         float(s.bp),
