@@ -12,7 +12,11 @@ from attn_jax.attention._additive import (
     project_keys,
 )
 from attn_jax.attention._chunked import chunked_dot_product_attention
-from attn_jax.attention._dot_product import dot_product_attention, dot_product_scores
+from attn_jax.attention._dot_product import (
+    dot_product_attention,
+    dot_product_implementation,
+    dot_product_scores,
+)
 from attn_jax.attention._fused_additive import fused_additive_scores
 from attn_jax.attention._local import (
     init_local_p_params,
@@ -38,6 +42,7 @@ from attn_jax.attention._masks import (
     make_attention_mask,
     make_causal_mask,
     make_padding_mask,
+    padding_lengths,
     padding_mask_from_tokens,
 )
 from attn_jax.attention._multihead import (
@@ -84,6 +89,7 @@ __all__ = [
     "predictive_centers",
     # dot-product and multi-head
     "dot_product_attention",
+    "dot_product_implementation",
     "dot_product_scores",
     "chunked_dot_product_attention",
     "init_multi_head_params",
@@ -98,6 +104,7 @@ __all__ = [
     "make_attention_mask",
     "make_causal_mask",
     "make_padding_mask",
+    "padding_lengths",
     "padding_mask_from_tokens",
     # padding that cannot leak
     "zero_masked_keys",

@@ -23,10 +23,10 @@ from attn_jax.attention._checks import (
     shape_str,
 )
 from attn_jax.attention._chunked import _check_inputs, _chunked_attention
-from attn_jax.attention._masks import make_causal_mask
+from attn_jax.attention._masks import lengths_mask, make_causal_mask
 from attn_jax.attention._padding import allowed_pairs, zero_dead_inputs
 from attn_jax.attention._softmax import attend, masked_softmax
-from attn_jax.typing import Array, Bool, Float
+from attn_jax.typing import Array, ArrayLike, Bool, Float, Int
 
 Implementation = Literal["xla", "chunked", "cudnn"]
 
@@ -98,6 +98,8 @@ def dot_product_attention(
     return_weights: bool = False,
     causal: bool = False,
     implementation: Implementation | None = None,
+    query_lengths: Int[ArrayLike, "..."] | None = None,
+    key_lengths: Int[ArrayLike, "..."] | None = None,
 ) -> Float[Array, "... T Kv"] | tuple[Float[Array, "... T Kv"], Float[Array, "... T S"]]:
     r"""Scaled dot-product attention ``softmax(QKᵀ/√K + bias) V`` with a boolean mask.
 
@@ -128,11 +130,22 @@ def dot_product_attention(
     * ``"cudnn"`` — ``jax.nn.dot_product_attention(implementation="cudnn")`` (cuDNN flash attention) on a
       CUDA GPU, for bfloat16/float16 with ``Kv == K``, ``K`` a multiple of 8 (≤ 128, ≤ 256 from Hopper on);
       the weights are rounded to the input dtype before multiplying the values, so it agrees with ``"xla"``
-      to that dtype's precision. Fully masked rows are zeroed to keep this function's policy.
+      to that dtype's precision. Fully masked rows are zeroed to keep this function's policy. Padding given
+      as ``query_lengths``/``key_lengths`` reaches cuDNN as its sequence lengths (``query_seq_lengths``,
+      ``key_value_seq_lengths``): its padding mask, no ``[T, S]`` array. A boolean ``mask`` reaches it as a
+      dense ``[..., T, S]`` bias.
 
     ``None`` picks: ``"xla"`` when ``return_weights``; else ``"cudnn"`` when it applies with no mask and no
-    bias (a boolean mask would be expanded to a ``[.., T, S]`` bias for cuDNN); else ``"chunked"`` when one
-    head's logits would hold at least ``4096 × 4096`` entries and ``scale`` is static; else ``"xla"``.
+    bias (padding as lengths is fine; a boolean mask would be expanded to a ``[.., T, S]`` bias for cuDNN);
+    else ``"chunked"`` when one head's logits would hold at least ``4096 × 4096`` entries and ``scale`` is
+    static; else ``"xla"``. :func:`dot_product_implementation` says which, and why not cuDNN.
+
+    Padding as lengths, not a mask: ``query_lengths=q, key_lengths=k`` means exactly the mask
+    ``(i < q) ∧ (j < k)`` (ANDed with ``mask``, ``bias`` and ``causal``), so every implementation gives the
+    same answer as with that mask; an NMT batch passes the lengths it pads to. A mask built by
+    :func:`make_attention_mask`/:func:`key_padding_mask` from lengths converts back with
+    :func:`padding_lengths` outside ``jit`` (whether a mask is a padding mask depends on its values, so this
+    function never guesses it from a mask).
 
     Args:
       query: ``[..., T, K]``.
@@ -146,6 +159,10 @@ def dot_product_attention(
       causal: also mask key ``j > i`` for query ``i``, as ``make_causal_mask(T, S)`` (top-left aligned, like
         ``jax.nn``'s ``is_causal``); ``"chunked"`` and ``"cudnn"`` skip the masked blocks.
       implementation: ``"xla"``, ``"chunked"``, ``"cudnn"`` or ``None`` (choose as above).
+      query_lengths: integer ``[...]``, shaped like a mask's batch axes (NumPy-broadcast against the logits'
+        batch axes from the right: ``[B, 1]`` for ``[B, H, T, K]`` queries): query ``i`` is real iff
+        ``i < query_lengths``; a padded query gets a zero context. ``None``: every query is real.
+      key_lengths: the same for keys and values: key ``j`` may be attended iff ``j < key_lengths``.
 
     Returns:
       the context ``[..., T, Kv]`` in ``value``'s dtype, or ``(context, weights [..., T, S] float32)`` when
@@ -153,19 +170,23 @@ def dot_product_attention(
 
     Raises:
       ValueError: mismatched widths or lengths, non-broadcasting batch axes, a mask or bias that does not
-        broadcast to the logits, or a non-boolean mask (the message names the shapes); an unknown
+        broadcast to the logits, a non-boolean mask, or non-integer lengths or lengths that do not broadcast
+        to the batch axes (the message names the shapes); an unknown
         ``implementation``, ``return_weights`` with ``"chunked"``/``"cudnn"``, or ``"cudnn"`` where cuDNN
         does not apply (no CUDA GPU, float32 inputs, ...; the message says why).
 
     >>> q = jnp.array([[1.0, 0.0]]); k = jnp.array([[1.0, 0.0], [0.0, 1.0]]); v = jnp.array([[1.0], [3.0]])
     >>> dot_product_attention(q, k, v, jnp.array([[True, False]]))
     Array([[1.]], dtype=float32)
+    >>> dot_product_attention(q, k, v, key_lengths=jnp.array(1))  # the same padding, as a length
+    Array([[1.]], dtype=float32)
     """
     logits_shape = _check_inputs(query, key, value, mask, bias)
+    _check_lengths(query_lengths, key_lengths, logits_shape)
     if implementation not in (None, "xla", "chunked", "cudnn"):
         raise ValueError(f"implementation must be 'xla', 'chunked', 'cudnn' or None, got {implementation!r}")
     if implementation is None:
-        implementation = _choose_implementation(
+        implementation, _ = _choose_implementation(
             query, key, value, mask, bias, logits_shape, scale=scale, return_weights=return_weights
         )
     if implementation != "xla" and return_weights:
@@ -176,12 +197,28 @@ def dot_product_attention(
         reason = _cudnn_unsupported(query, key, value, bias, logits_shape)
         if reason is not None:
             raise ValueError(f"implementation='cudnn' does not apply: {reason}")
+    # cuDNN takes the lengths themselves; every other use needs the pairs they allow, a [..., T|1, S|1] mask.
+    user_mask = mask
+    padding = lengths_mask(query_lengths, key_lengths, *logits_shape[-2:])
+    if padding is not None:
+        mask = padding if mask is None else jnp.logical_and(mask, padding)
     # Rows no pair reads (padding) may hold anything, NaN included: zero them before any product, on every path.
     query, key, value = zero_dead_inputs(query, key, value, mask, bias, logits_shape, causal=causal)
     if implementation == "chunked":
         return _chunked_attention(logits_shape, query, key, value, mask, bias, causal=causal, scale=scale)
     if implementation == "cudnn":
-        return _cudnn_attention(query, key, value, mask, bias, logits_shape, scale=scale, causal=causal)
+        return _cudnn_attention(
+            query,
+            key,
+            value,
+            user_mask,
+            bias,
+            logits_shape,
+            scale=scale,
+            causal=causal,
+            lengths=(query_lengths, key_lengths),
+            allowed=allowed_pairs(mask, bias),
+        )
 
     # The plain XLA path: every other implementation must match this one, which stays the reference.
     if bias is not None:
@@ -278,15 +315,81 @@ _CHUNKED_MIN_LOGITS = 4096 * 4096
 
 def _choose_implementation(
     query, key, value, mask, bias, logits_shape, *, scale, return_weights
-) -> Implementation:
-    """The ``implementation=None`` rule of :func:`dot_product_attention`."""
+) -> tuple[Implementation, str | None]:
+    """The ``implementation=None`` rule of :func:`dot_product_attention`: ``(choice, why not "cudnn")``."""
     if return_weights:
-        return "xla"
-    if mask is None and bias is None and _cudnn_unsupported(query, key, value, bias, logits_shape) is None:
-        return "cudnn"
+        return "xla", "return_weights=True needs the weights, which only 'xla' forms"
+    reason = _cudnn_unsupported(query, key, value, bias, logits_shape)
+    if reason is None and mask is not None:
+        reason = (
+            "a boolean mask would reach cuDNN as a dense [..., T, S] bias; pass padding as "
+            "query_lengths=/key_lengths= (padding_lengths converts a padding mask, outside jit)"
+        )
+    if reason is None and bias is not None:
+        reason = "a bias is a dense [..., T, S] operand for cuDNN; implementation='cudnn' runs it anyway"
+    if reason is None:
+        return "cudnn", None
     if _is_static(scale) and logits_shape[-2] * logits_shape[-1] >= _CHUNKED_MIN_LOGITS:
-        return "chunked"
-    return "xla"
+        return "chunked", reason
+    return "xla", reason
+
+
+def dot_product_implementation(
+    query: Float[Array, "... T K"],
+    key: Float[Array, "... S K"],
+    value: Float[Array, "... S Kv"],
+    mask: Bool[Array, "... T S"] | None = None,
+    *,
+    bias: Float[Array, "... T S"] | None = None,
+    scale: float | None = None,
+    return_weights: bool = False,
+    query_lengths: Int[ArrayLike, "..."] | None = None,
+    key_lengths: Int[ArrayLike, "..."] | None = None,
+) -> tuple[Implementation, str | None]:
+    r"""Which implementation :func:`dot_product_attention` picks for these operands, and why not cuDNN.
+
+    The choice of ``implementation=None`` depends only on shapes, dtypes, the device and which operands are
+    given (never on values), so it is the same inside and outside ``jit``; record it next to a run's results
+    when it matters, e.g. that a masked NMT batch ran on ``"xla"`` because its padding came as a mask.
+
+    Args:
+      query, key, value, mask, bias, scale, return_weights, query_lengths, key_lengths: as for
+        :func:`dot_product_attention` (checked the same way).
+
+    Returns:
+      ``(implementation, reason)``: ``"xla"``, ``"chunked"`` or ``"cudnn"``, and one line saying why cuDNN
+      was not chosen (``None`` when it was).
+
+    >>> q = jnp.ones((2, 8, 8), jnp.bfloat16)
+    >>> dot_product_implementation(q, q, q)[1].startswith("it needs a CUDA GPU")  # on a CPU
+    True
+    """
+    logits_shape = _check_inputs(query, key, value, mask, bias)
+    _check_lengths(query_lengths, key_lengths, logits_shape)
+    return _choose_implementation(
+        query, key, value, mask, bias, logits_shape, scale=scale, return_weights=return_weights
+    )
+
+
+def _check_lengths(query_lengths, key_lengths, logits_shape) -> None:
+    """Raise unless each given length array is integer and broadcasts to the batch axes ``logits_shape[:-2]``."""
+    batch = tuple(logits_shape[:-2])
+    for name, lengths in (("query_lengths", query_lengths), ("key_lengths", key_lengths)):
+        if lengths is None:
+            continue
+        dtype = jnp.asarray(lengths).dtype
+        if not jnp.issubdtype(dtype, jnp.integer):
+            raise ValueError(f"{name} must be integers, got dtype {dtype} (shape {shape_str(lengths)})")
+        try:
+            widened = tuple(np.broadcast_shapes(np.shape(lengths), batch))
+        except ValueError:
+            widened = None
+        if widened != batch:
+            raise ValueError(
+                f"{name} of shape {shape_str(np.shape(lengths))} does not broadcast to the batch axes "
+                f"{shape_str(batch)} of the logits {shape_str(tuple(logits_shape))} (shape it like a mask's "
+                "batch axes: [B, 1] for [B, H, T, K] queries)"
+            )
 
 
 def _cuda_device():
@@ -317,11 +420,39 @@ def _cudnn_unsupported(query, key, value, bias, logits_shape) -> str | None:
     return None
 
 
-def _cudnn_attention(query, key, value, mask, bias, logits_shape, *, scale, causal):
-    """``jax.nn.dot_product_attention(implementation="cudnn")`` on ``[N, T, 1, K]``, fully masked rows zeroed."""
+def _cudnn_seq_lengths(lengths, batch, t, s):
+    """``(query_seq_lengths, key_value_seq_lengths)`` int32 ``[N]`` for cuDNN, or ``(None, None)``.
+
+    Clipped to ``[0, T]``/``[0, S]`` (``i < q`` means the same for any ``q >= T``). A batch element with no key
+    gets one (zeroed) key and no query instead: the same empty set of pairs, in the form cuDNN is built
+    for (padded queries), rather than a softmax over zero keys; its rows are zeroed afterwards anyway.
+    """
+    query_lengths, key_lengths = lengths
+    if query_lengths is None and key_lengths is None:
+        return None, None
+
+    def per_element(x, length):  # [...] -> [N] int32
+        if x is None:
+            return jnp.full((math.prod(batch),), length, jnp.int32)
+        x = jnp.clip(jnp.asarray(x), 0, length).astype(jnp.int32)
+        return jnp.broadcast_to(x, batch).reshape(-1)
+
+    q, k = per_element(query_lengths, t), per_element(key_lengths, s)
+    return jnp.where(k == 0, 0, q), jnp.maximum(k, 1)
+
+
+def _cudnn_attention(
+    query, key, value, mask, bias, logits_shape, *, scale, causal, lengths=(None, None), allowed=None
+):
+    """``jax.nn.dot_product_attention(implementation="cudnn")`` on ``[N, T, 1, K]``, fully masked rows zeroed.
+
+    ``mask`` is the caller's boolean mask, ``lengths`` the ``(query_lengths, key_lengths)`` handed to cuDNN
+    as sequence lengths, and ``allowed`` every pair they (with ``bias``) allow, for the zeroing.
+    """
     batch, (t, s) = logits_shape[:-2], logits_shape[-2:]
     n = math.prod(batch)
     width = np.shape(query)[-1]
+    query_seq_lengths, key_value_seq_lengths = _cudnn_seq_lengths(lengths, batch, t, s)
 
     def heads_last(x, length):  # [..., L, K] -> [N, L, 1, K]: one "head" per batch element, no transpose
         return jnp.broadcast_to(x, batch + (length, width)).reshape(n, length, 1, width)
@@ -333,7 +464,8 @@ def _cudnn_attention(query, key, value, mask, bias, logits_shape, *, scale, caus
         return jnp.broadcast_to(x, logits_shape).reshape(n, 1, t, s)
 
     dtype = jnp.asarray(query).dtype
-    allowed = allowed_pairs(mask, bias)
+    if allowed is None:
+        allowed = allowed_pairs(mask, bias)
     if bias is not None:
         # a row of -inf would give NaN (exp(-inf - -inf)); jax.nn's own fill for masked pairs instead, and such
         # rows are zeroed below like fully masked ones
@@ -347,6 +479,8 @@ def _cudnn_attention(query, key, value, mask, bias, logits_shape, *, scale, caus
         mask=None if mask is None else per_logit(mask),
         scale=_scale(scale, width),
         is_causal=causal,
+        query_seq_lengths=query_seq_lengths,
+        key_value_seq_lengths=key_value_seq_lengths,
         implementation="cudnn",
     ).reshape(batch + (t, width))
     if allowed is not None:  # cuDNN averages all values for a query with no valid key; this library gives 0

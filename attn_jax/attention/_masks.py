@@ -292,3 +292,84 @@ def from_torch_attn_mask(
     """
     check_min_rank("attn_mask", attn_mask, 2)
     return _torch_to_ours("attn_mask", attn_mask)
+
+
+def lengths_mask(
+    query_lengths: Int[ArrayLike, "..."] | None,
+    key_lengths: Int[ArrayLike, "..."] | None,
+    query_length: int,
+    key_length: int,
+) -> Bool[Array, "... T S"] | None:
+    """The mask that lengths stand for: ``(i < query_lengths) ∧ (j < key_lengths)``, ``[..., T|1, S|1]``.
+
+    A ``None`` length leaves its axis unmasked (size 1); both ``None`` gives ``None``. May be traced.
+    """
+    rows = None if query_lengths is None else make_padding_mask(query_lengths, query_length)[..., :, None]
+    cols = None if key_lengths is None else make_padding_mask(key_lengths, key_length)[..., None, :]
+    if rows is None or cols is None:
+        return cols if rows is None else rows
+    return jnp.logical_and(rows, cols)
+
+
+def padding_lengths(
+    mask: Bool[ArrayLike, "... T S"], *, causal: bool = False
+) -> tuple[Int[Array, "..."] | None, Int[Array, "..."] | None] | None:
+    r"""The lengths a padding mask was built from, or ``None`` when the mask is not a padding mask.
+
+    .. math:: m_{b,i,j} = [\, i < q_b \,] \wedge [\, j < k_b \,] \;(\wedge\, [\, j \le i \,]\ \text{with causal})
+
+    A padding mask is what :func:`make_attention_mask` of two :func:`make_padding_mask`\ s gives (padded queries
+    get all-False rows), or :func:`key_padding_mask` of one (``[..., 1, S]``: no query axis). Lengths are what
+    :func:`dot_product_attention` hands to cuDNN flash attention (``query_lengths=``, ``key_lengths=``), where a
+    boolean mask would become a dense ``[..., T, S]`` bias. Whether a mask is a padding mask depends on its
+    *values*, which are unknown inside ``jit``: convert once, outside (a data pipeline, a test), or better, pass
+    the lengths the mask was built from. The answer is checked: the mask the lengths stand for equals ``mask``
+    entry for entry, else ``None``.
+
+    An axis of size 1 is read as broadcast: a ``[..., 1, S]`` mask gives ``query_lengths=None`` (every query),
+    a ``[..., T, 1]`` one ``key_lengths=None``. Lengths are canonical: a mask with no allowed pair at all in a
+    batch element gives 0 and 0 there; with ``causal`` a key length above the query length gives the query
+    length (keys ``j >= q`` are read by no valid query, so both describe the same mask).
+
+    Args:
+      mask: boolean ``[..., T, S]`` (True = may attend), concrete (not traced).
+      causal: the mask also holds the causal pattern ``j <= i`` (top-left aligned, as
+        :func:`make_causal_mask`); pass the lengths with ``causal=True`` to :func:`dot_product_attention`.
+
+    Returns:
+      ``(query_lengths, key_lengths)``, int32 arrays of the mask's batch axes ``[...]`` (``None`` for an axis
+      of size 1), or ``None`` when no lengths give exactly ``mask``.
+
+    Raises:
+      ValueError: a non-boolean mask, rank below 2, or a traced mask.
+
+    >>> padding_lengths(key_padding_mask(make_padding_mask(jnp.array([2, 3]), 4)))
+    (None, Array([2, 3], dtype=int32))
+    >>> q, k = padding_lengths(make_attention_mask(*make_padding_mask(jnp.array([[1], [3]]), 3)))
+    >>> q.tolist(), k.tolist()
+    ([1], [3])
+    >>> print(padding_lengths(jnp.array([[True, False, True]])))  # a hole: not a padding mask
+    None
+    """
+    check_min_rank("mask", mask, 2)
+    _check_bool("mask", mask)
+    try:
+        m = np.asarray(mask)
+    except (jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeError):
+        raise ValueError(
+            "padding_lengths reads the mask's values, which are unknown inside jit/vmap/grad: pass the lengths "
+            "the mask was built from (dot_product_attention's query_lengths=/key_lengths=), or convert once "
+            "outside the transformation"
+        ) from None
+    t, s = m.shape[-2:]
+    counts = m.sum(-1, dtype=np.int32)  # [..., T]
+    # the candidates; the check below decides (a mask with holes or a suffix gets lengths that rebuild another)
+    q = None if t == 1 else (counts > 0).sum(-1, dtype=np.int32)  # [...]
+    k = None if s == 1 else counts.max(-1)  # [...]
+    rebuilt = lengths_mask(q, k, t, s)
+    rebuilt = np.ones((1, 1), bool) if rebuilt is None else np.asarray(rebuilt)
+    if causal:
+        rebuilt = rebuilt & (np.arange(s)[None, :] <= np.arange(t)[:, None])
+    if not np.array_equal(np.broadcast_to(rebuilt, m.shape), m):
+        return None
+    return tuple(None if x is None else jnp.asarray(x, jnp.int32) for x in (q, k))
