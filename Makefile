@@ -5,6 +5,9 @@
 #   make test   – the same bootstrap, then the test suite, then its `numerics` tests again on another CPU code path
 #   make bench  – experiments/benchmarks: side-by-side timings and memory vs jax.nn and PyTorch -> RESULTS.md
 #                 (BENCH_ARGS=--quick for the smoke version; installs the CPU PyTorch wheel if torch is missing)
+#   make gpu-check – on a GPU (≤ 8 min): the `gpu` tests + bf16 attention/matmul TFLOP/s, RNNsearch and GNMT steps
+#                 -> the gpu-check section of RESULTS.md. Without a GPU it says so, checks each section at tiny
+#                 sizes, writes nothing and exits 0. It installs no CUDA wheels: see experiments/benchmarks/README.md
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
@@ -35,9 +38,10 @@ DEMO_DIR ?= runs/demo
 PRESET ?= cpu
 DEMO_ARGS ?=
 BENCH_ARGS ?=
+GPU_CHECK_ARGS ?=
 TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 
-.PHONY: demo test test-numerics test-all bench lint clean install
+.PHONY: demo test test-numerics test-all bench gpu-check lint clean install
 
 install: $(STAMP)
 
@@ -64,6 +68,9 @@ test-all: $(STAMP)
 bench: $(STAMP)
 	@$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install --quiet torch --index-url $(TORCH_INDEX)
 	$(BIN)/python experiments/benchmarks/bench.py --out experiments/benchmarks/RESULTS.md $(BENCH_ARGS)
+
+gpu-check: $(STAMP)
+	$(BIN)/python experiments/benchmarks/gpu_check.py --out experiments/benchmarks/RESULTS.md $(GPU_CHECK_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check attn_jax tests experiments configs

@@ -1158,8 +1158,8 @@ def _marker(device: str, end: bool = False) -> str:
 
 
 def write_results(path: str, device: str, body: str) -> None:
-    """Replace this device's section of ``path``, keeping the other device's section if it is there."""
-    sections = {"cpu": None, "gpu": None}
+    """Replace this device's section of ``path``, keeping the other sections (gpu_check.py's too) if there."""
+    sections = {"cpu": None, "gpu": None, "gpu-check": None}  # "gpu-check": written by gpu_check.py
     if os.path.exists(path):
         with open(path, encoding="utf-8") as f:
             old = f.read()
@@ -1173,7 +1173,7 @@ def write_results(path: str, device: str, body: str) -> None:
     if sections["gpu"] is None:
         sections["gpu"] = f"## GPU\n\n{NO_GPU}."
     text = HEADER + "".join(
-        f"\n{_marker(d)}\n{sections[d]}\n{_marker(d, end=True)}\n" for d in ("cpu", "gpu")
+        f"\n{_marker(d)}\n{s}\n{_marker(d, end=True)}\n" for d, s in sections.items() if s is not None
     )
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path, "w", encoding="utf-8") as f:
