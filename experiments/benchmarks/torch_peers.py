@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["TorchRNNsearch", "load_jax_params", "make_train_step", "param_count"]
+__all__ = ["TorchRNNsearch", "beam_search", "load_jax_params", "make_train_step", "param_count"]
 
 
 def _normal(*shape: int, std: float = 0.01) -> nn.Parameter:
@@ -104,14 +104,29 @@ class TorchRNNsearch(nn.Module):
         self.w_o = _normal(lo, tgt_vocab)
         self.b_w = nn.Parameter(torch.zeros(tgt_vocab))
 
-    def forward(self, src: torch.Tensor, src_mask: torch.Tensor, tgt_in: torch.Tensor) -> torch.Tensor:
-        """Teacher forcing: logits ``[B, T, V]`` (float32)."""
+    def encode(self, src: torch.Tensor, src_mask: torch.Tensor):
+        """``(memory [B, S, 2n], keys [B, S, A], s_0 [B, n])``: annotations, ``U_a h_j + b`` and the first state."""
         x = F.embedding(src, self.src_embed)  # [B, S, m]
         fwd, _ = self.enc_fwd.scan(self.enc_fwd.project(x), src_mask)
         bwd, backward_first = self.enc_bwd.scan(self.enc_bwd.project(x), src_mask, reverse=True)
         memory = torch.cat([fwd, bwd], dim=-1) * src_mask[..., None]  # [B, S, 2n], zero at padding
         keys = memory @ self.att_w_k + self.att_b  # U_a h_j + b, once per batch: [B, S, A]
-        s = torch.tanh(backward_first @ self.w_s + self.b_s)  # s_0
+        return memory, keys, torch.tanh(backward_first @ self.w_s + self.b_s)
+
+    def step(self, memory, keys, src_mask, s, prev):
+        """One decoder step: ``(logits [B, V], s_i [B, n], weights [B, S])`` from ``s_{i-1}`` and ``y_{i-1}``."""
+        emb = F.embedding(prev, self.tgt_embed)  # [B, m]
+        energies = torch.tanh((s @ self.att_w_q)[:, None, :] + keys) @ self.att_v  # [B, S]
+        weights = torch.softmax(energies.masked_fill(~src_mask, torch.finfo(torch.float32).min), dim=-1)
+        ctx = torch.einsum("bs,bsd->bd", weights, memory)
+        pre = s @ self.u_o + emb @ self.v_o + ctx @ self.c_o + self.b_o
+        readout = pre.view(pre.shape[0], self.lo, 2).amax(dim=-1)
+        new_s = self.dec.cell(s, self.dec.project(emb) + ctx @ self.dec.w_c)
+        return readout @ self.w_o + self.b_w, new_s, weights
+
+    def forward(self, src: torch.Tensor, src_mask: torch.Tensor, tgt_in: torch.Tensor) -> torch.Tensor:
+        """Teacher forcing: logits ``[B, T, V]`` (float32)."""
+        memory, keys, s = self.encode(src, src_mask)
 
         emb = F.embedding(tgt_in, self.tgt_embed)  # [B, T, m]
         emb_proj = self.dec.project(emb)  # [B, T, 3n]: every W E y_{i-1} + b in one matmul
@@ -185,3 +200,77 @@ def make_train_step(model: TorchRNNsearch, *, learning_rate: float, clip_norm: f
         return float(loss.detach())
 
     return step
+
+
+@torch.inference_mode()
+def beam_search(
+    model: TorchRNNsearch,
+    src,
+    src_mask,
+    *,
+    beam_size: int,
+    max_length: int,
+    alpha: float = 0.6,
+    bos_id: int = 1,
+    eos_id: int = 2,
+    pad_id: int = 0,
+):
+    """A batched beam search as a PyTorch user would write it (eager, fairseq-style): the peer of
+    ``attn_jax.decoding.beam_search`` in the benchmark. Same rules: the encoder once per sentence, ``K``
+    hypotheses per sentence extended by every word, a ``</s>`` among the ``K`` best extensions finishes a
+    hypothesis (scored ``log P / ((5 + |Y|) / 6)^α``), the ``K`` best others stay alive with their decoder states
+    and attention history reordered by back-pointers, ``</s>`` forced at ``max_length``, stop when no alive
+    hypothesis can beat the best finished one. Returns ``(tokens [B, L], scores [B])`` of the best hypothesis.
+    """
+    batch, k = src.shape[0], beam_size
+    memory, keys, s = model.encode(src, src_mask)
+    memory, keys, s = (x.repeat_interleave(k, dim=0) for x in (memory, keys, s))
+    mask = src_mask.repeat_interleave(k, dim=0)
+    alive_lp = torch.full((batch, k), float("-inf"))
+    alive_lp[:, 0] = 0.0
+    tokens = torch.full((batch, k, max_length), pad_id, dtype=torch.long)
+    history = torch.zeros(batch, k, max_length, src.shape[1])
+    best_score = torch.full((batch,), float("-inf"))
+    best_tokens = torch.full((batch, max_length), pad_id, dtype=torch.long)
+    prev = torch.full((batch * k,), bos_id, dtype=torch.long)
+    offsets = (torch.arange(batch) * k)[:, None]
+    for t in range(max_length):
+        logits, s, weights = model.step(memory, keys, mask, s, prev)
+        logp = torch.log_softmax(logits, dim=-1)
+        vocab = logp.shape[-1]
+        logp[:, pad_id] = logp[:, bos_id] = float("-inf")
+        if t + 1 == max_length:  # </s> is forced at the limit
+            eos = logp[:, eos_id].clone()
+            logp.fill_(float("-inf"))
+            logp[:, eos_id] = eos
+        history[:, :, t] = weights.view(batch, k, -1)
+        cand = (alive_lp[..., None] + logp.view(batch, k, vocab)).view(batch, k * vocab)
+        top_lp, top = cand.topk(2 * k, dim=1)
+        is_eos = top % vocab == eos_id
+        lp_norm = ((5.0 + t + 1) / 6.0) ** alpha
+        eos_rank = is_eos & (torch.arange(2 * k) < k)  # a </s> among the K best extensions finishes
+        eos_score = torch.where(eos_rank, top_lp / lp_norm, torch.tensor(float("-inf")))
+        score, pos = eos_score.max(dim=1)
+        better = score > best_score
+        if better.any():
+            beams = top.gather(1, pos[:, None])[:, 0] // vocab
+            rows = torch.arange(batch)[better]
+            best_tokens[rows] = tokens[rows, beams[better]]
+            best_tokens[rows, t] = eos_id
+            best_score = torch.where(better, score, best_score)
+        keep_lp, keep = torch.where(is_eos, torch.tensor(float("-inf")), top_lp).topk(k, dim=1)
+        flat = top.gather(1, keep)
+        beams, words = flat // vocab, flat % vocab
+        tokens = tokens.gather(1, beams[..., None].expand(-1, -1, max_length)).clone()
+        tokens[:, :, t] = words
+        history = history.gather(1, beams[..., None, None].expand(-1, -1, max_length, history.shape[-1]))
+        rows = (offsets + beams).view(-1)
+        s = s.index_select(0, rows)
+        prev = words.view(-1)
+        max_lp = ((5.0 + max_length) / 6.0) ** alpha
+        alive_lp = torch.where(
+            (keep_lp.max(dim=1).values / max_lp <= best_score)[:, None], torch.tensor(float("-inf")), keep_lp
+        )
+        if not torch.isfinite(alive_lp).any():
+            break
+    return best_tokens, best_score
