@@ -12,10 +12,41 @@ from attn_jax.cli_train import add_train_parser
 from attn_jax.cli_translate import add_translate_parser
 
 
+def version_line() -> str:
+    """``attn-jax 0.1.0 (jax 0.10.2, flax 0.12.8)``: the installed versions, read from package metadata."""
+    from importlib import metadata
+
+    def installed(name: str) -> str:
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            if name == "attn-jax":  # run from a source tree that was never installed
+                from attn_jax import __version__
+
+                return __version__
+            return "not installed"
+
+    return f"attn-jax {installed('attn-jax')} (jax {installed('jax')}, flax {installed('flax')})"
+
+
+class _VersionAction(argparse.Action):
+    """``--version``: like argparse's own, but reads the versions only when asked."""
+
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, help=None):
+        super().__init__(option_strings, dest=dest, default=default, nargs=0, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(version_line())
+        parser.exit(0)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``attn-jax`` parser with every subcommand."""
     parser = argparse.ArgumentParser(
         prog="attn-jax", description="Attention for neural machine translation in JAX."
+    )
+    parser.add_argument(
+        "--version", action=_VersionAction, help="print the versions of attn-jax, jax and flax, and exit"
     )
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     add_data_parser(subparsers)
