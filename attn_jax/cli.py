@@ -1,4 +1,4 @@
-"""The ``attn-jax`` command: one argparse subcommand per task (``data`` so far)."""
+"""The ``attn-jax`` command: one argparse subcommand per task (``data``, ``train``, ``translate``, ``evaluate``)."""
 
 from __future__ import annotations
 

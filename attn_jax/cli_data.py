@@ -29,10 +29,12 @@ _SPLIT = "{split}"  # in a file path: the split name, as in the trainer's data.s
 
 def add_data_parser(subparsers) -> argparse.ArgumentParser:
     """Add the ``data`` subcommand to an ``argparse`` subparsers object; its handler is :func:`run_data`."""
+    from attn_jax._help import summary
+
     p = subparsers.add_parser(
         "data",
         help="corpus statistics (built-in corpus, plain-text files or a TFDS dataset)",
-        description=__doc__.split("\n\n")[0],
+        description=summary(__doc__),
     )
     p.add_argument(
         "--src",

@@ -821,10 +821,12 @@ def _json_ready(x):
 
 def add_evaluate_parser(subparsers) -> argparse.ArgumentParser:
     """Add the ``evaluate`` subcommand to an ``argparse`` subparsers object; its handler is :func:`run_evaluate`."""
+    from attn_jax._help import summary
+
     p = subparsers.add_parser(
         "evaluate",
         help="BLEU (overall, by length, No UNK), AER and attention heatmaps of a trained run",
-        description=__doc__.split("\n\n")[0],
+        description=summary(__doc__),
         epilog=(
             "Writes sources/references/hypotheses.txt, bleu_by_length.{md,json}, summary.{md,json}, "
             "evaluation.{md,json} and PNGs to --out (default WORKDIR/eval/SPLIT). Exit status: 0 done, "

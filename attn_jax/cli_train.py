@@ -91,10 +91,12 @@ def _split_overrides(args: list[str]) -> tuple[list[str], list[str]]:
 
 def add_train_parser(subparsers) -> argparse.ArgumentParser:
     """Add the ``train`` subcommand to an ``argparse`` subparsers object; its handler is :func:`run_train`."""
+    from attn_jax._help import summary
+
     p = subparsers.add_parser(
         "train",
         help="train a model from a config file (checkpoints, metrics, --resume)",
-        description=__doc__.split("\n\n")[0],
+        description=summary(__doc__),
         epilog=(
             "Config overrides: --config.KEY=VALUE for any field of the config (e.g. --config.model.hidden=256 "
             "--config.optimizer.name=adam --config.data.bucket_boundaries=16,32); see configs/*.py and "

@@ -519,10 +519,12 @@ def translate_sentences(
 
 def add_translate_parser(subparsers) -> argparse.ArgumentParser:
     """Add the ``translate`` subcommand to an ``argparse`` subparsers object; its handler is :func:`run_translate`."""
+    from attn_jax._help import summary
+
     p = subparsers.add_parser(
         "translate",
         help="translate sentences with a trained run (beam search), optionally with alignments",
-        description=__doc__.split("\n\n")[0],
+        description=summary(__doc__),
         epilog=(
             "Output: one line per input line (blank in, blank out); --nbest K: K Moses n-best lines "
             "'i ||| text ||| score ||| log_prob' per input; --alignment pharaoh appends ' ||| i-j ...' "
