@@ -38,7 +38,8 @@ a child of itself and relays its output (``attn_jax/cli_supervise.py``). Under a
 handles lost tasks instead.
 
 Every config field can be overridden with ``--config.<key>=<value>`` (or ``--config.<key> <value>``); the value
-is parsed as the field's type (``true``/``false`` for booleans, ``16,32`` for tuples). The workdir receives
+is parsed as the field's type (``true``/``false`` for booleans, ``16,32`` for tuples). ``--print-config`` prints
+the resulting config, one ``KEY=VALUE`` a line for every key, and exits without training. The workdir receives
 ``checkpoints/``, ``vocab/``, ``metrics.jsonl``, ``tensorboard/`` and ``config.json``.
 
 Exit status (every failure is one line on stderr, no traceback): 0 done; 1 the corpus cannot be read, the
@@ -99,8 +100,8 @@ def add_train_parser(subparsers) -> argparse.ArgumentParser:
         description=summary(__doc__),
         epilog=(
             "Config overrides: --config.KEY=VALUE for any field of the config (e.g. --config.model.hidden=256 "
-            "--config.optimizer.name=adam --config.data.bucket_boundaries=16,32); see configs/*.py and "
-            "attn_jax/train/_config.py for the schema. A config file is PATH.py or PATH.py:VARIANT (e.g. "
+            "--config.optimizer.name=adam --config.data.bucket_boundaries=16,32); --print-config lists every "
+            "key with its value. A config file is PATH.py or PATH.py:VARIANT (e.g. "
             ":smoke). Set JAX_COMPILATION_CACHE_DIR to reuse compiled steps across runs. Exit status: 0 done, "
             "1 corpus, workdir, checkpoint or memory error, 2 bad flag/config, 3 diverged (NaN/inf), "
             "4 multi-process failure (a process missing or lost: named), 130 interrupted."
@@ -113,7 +114,13 @@ def add_train_parser(subparsers) -> argparse.ArgumentParser:
         help="config file defining get_config(), e.g. configs/rnnsearch_cpu.py",
     )
     p.add_argument(
-        "--workdir", required=True, metavar="DIR", help="run directory: checkpoints, vocab, metrics"
+        "--workdir", metavar="DIR", help="run directory: checkpoints, vocab, metrics (required to train)"
+    )
+    p.add_argument(
+        "--print-config",
+        action="store_true",
+        help="print the config after the --config.KEY=VALUE overrides, every key as KEY=VALUE (each line a valid "
+        "override), and exit without training",
     )
     p.add_argument(
         "--resume",
@@ -226,9 +233,38 @@ def _orbax_noise_quieted():
             logger.removeFilter(quiet)
 
 
+def _override_text(value) -> str:
+    """A config value as ``--config.KEY=VALUE`` parses it back (``apply_overrides``)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (tuple, list)):
+        return ",".join(_override_text(v) for v in value)
+    return repr(value) if isinstance(value, float) else str(value)
+
+
+def _print_config(args: argparse.Namespace) -> int:
+    from attn_jax.train import ConfigError, apply_overrides, check_config, flatten_config, load_config
+
+    try:
+        config = apply_overrides(load_config(args.config), args.overrides)
+        check_config(config)
+    except ConfigError as e:
+        print(f"attn-jax train: error: {' '.join(str(e).split())}", file=sys.stderr)
+        return 2
+    for key, value in flatten_config(config).items():
+        print(f"{key}={_override_text(value)}")
+    return 0
+
+
 def run_train(args: argparse.Namespace) -> int:
     """Run ``attn-jax train`` with parsed arguments; returns the exit status."""
     from attn_jax.cli_supervise import WORKER_ENV, supervise, watch_parent
+
+    if getattr(args, "print_config", False):
+        return _print_config(args)
+    if getattr(args, "workdir", None) is None:
+        print("attn-jax train: error: the following arguments are required: --workdir", file=sys.stderr)
+        return 2
 
     flags = [getattr(args, name, None) for name in ("coordinator", "num_processes", "process_id")]
     timeout = getattr(args, "distributed_timeout", 300)

@@ -2,7 +2,9 @@
 ``attn-jax train --print-config``, lazy submodule attributes, a missing extra named, one AER format, and
 ``--nbest`` on a blank line."""
 
+import glob
 import importlib.metadata
+import os
 import re
 
 import pytest
@@ -67,3 +69,50 @@ def test_cli_docstring_names_every_subcommand():
     doc = attn_jax.cli.__doc__
     assert "so far" not in doc
     assert set(re.findall(r"``(\w+)``", doc)) == set(_SUBCOMMANDS)
+
+
+# --- attn-jax train --print-config ----------------------------------------------------------------------------
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_CONFIGS = sorted(glob.glob(os.path.join(_ROOT, "configs", "*.py")))
+
+
+@pytest.mark.parametrize("path", [*_CONFIGS, os.path.join(_ROOT, "configs", "rnnsearch_cpu.py:smoke")])
+def test_print_config_lists_every_key_as_overrides_that_rebuild_it(path, capsys):
+    from attn_jax.train import apply_overrides, default_config, flatten_config, load_config
+
+    status = main(["train", "--config", path, "--print-config"])
+    out, err = capsys.readouterr()
+    assert status == 0 and err == "", err
+    lines = out.splitlines()
+    config = load_config(path)
+    assert [line.split("=", 1)[0] for line in lines] == list(flatten_config(config))
+    # Every line is a valid override, and applying them all to the schema's defaults gives the config back.
+    rebuilt = apply_overrides(default_config(config.model.arch), lines)
+    assert flatten_config(rebuilt) == flatten_config(config)
+
+
+def test_print_config_applies_overrides_and_does_not_train(tmp_path, capsys):
+    smoke = os.path.join(_ROOT, "configs", "rnnsearch_cpu.py:smoke")
+    args = ["train", "--config", smoke, "--config.model.hidden=7", "--config.data.bucket_boundaries", "9,13"]
+    status = main([*args, "--workdir", str(tmp_path / "run"), "--print-config"])
+    out, _ = capsys.readouterr()
+    assert status == 0 and not (tmp_path / "run").exists()
+    assert "model.hidden=7" in out.splitlines() and "data.bucket_boundaries=9,13" in out.splitlines()
+
+
+def test_print_config_refuses_a_bad_override_and_train_still_needs_a_workdir(capsys):
+    smoke = os.path.join(_ROOT, "configs", "rnnsearch_cpu.py:smoke")
+    assert main(["train", "--config", smoke, "--config.model.hiden=7", "--print-config"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1 and "did you mean 'model.hidden'" in err, err
+    assert main(["train", "--config", smoke]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err == "attn-jax train: error: the following arguments are required: --workdir\n"
+
+
+def test_train_help_points_at_print_config_not_a_private_module(capsys):
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "--print-config" in out and "_config.py" not in out
