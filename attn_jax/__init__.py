@@ -1,7 +1,9 @@
 """attn-jax: attention for neural machine translation in JAX and Flax NNX.
 
 The public face is flat: ``import attn_jax; attn_jax.additive_attention(...)``. Pure functions live in
-``attn_jax.attention``; Flax NNX modules in ``attn_jax.nn``.
+``attn_jax.attention``; Flax NNX modules in ``attn_jax.nn``. The other packages (``nn``, ``models``,
+``decoding``, ``data``, ``eval``, ``parallel``, ``train``, ``typing``) are attributes too, imported on first use:
+``import attn_jax`` itself needs only jax (not Flax, optax, orbax, grain or TensorFlow).
 """
 
 from attn_jax.attention import *  # noqa: F401,F403
@@ -9,3 +11,20 @@ from attn_jax.attention import __all__ as _attention_all
 
 __version__ = "0.1.0"
 __all__ = list(_attention_all)
+
+# Imported on first attribute access (PEP 562), so that `import attn_jax` stays light.
+_SUBMODULES = frozenset(
+    ("attention", "data", "decoding", "eval", "models", "nn", "parallel", "train", "typing")
+)
+
+
+def __getattr__(name: str):
+    if name in _SUBMODULES:
+        import importlib
+
+        return importlib.import_module(f"attn_jax.{name}")
+    raise AttributeError(f"module 'attn_jax' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | _SUBMODULES)

@@ -6,6 +6,8 @@ import glob
 import importlib.metadata
 import os
 import re
+import subprocess
+import sys
 
 import pytest
 
@@ -116,3 +118,43 @@ def test_train_help_points_at_print_config_not_a_private_module(capsys):
         main(["train", "--help"])
     out = " ".join(capsys.readouterr().out.split())
     assert "--print-config" in out and "_config.py" not in out
+
+
+# --- submodules as attributes of a light `import attn_jax` ------------------------------------------------------
+
+_HEAVY = ("flax", "optax", "orbax", "grain", "tensorflow", "tensorflow_datasets", "ml_collections")
+
+
+def _imports_after(code: str) -> set[str]:
+    """The heavy packages imported once ``code`` (after ``import attn_jax``) has run, in a fresh interpreter."""
+    script = f"import sys, attn_jax\n{code}\nprint(' '.join(m for m in {_HEAVY!r} if m in sys.modules))"
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return set(done.stdout.split())
+
+
+def test_import_attn_jax_alone_stays_light():
+    assert _imports_after("") == set()
+
+
+@pytest.mark.parametrize(
+    "name, allowed",
+    [
+        ("nn", {"flax", "optax"}),  # flax itself imports optax
+        ("models", {"flax", "optax"}),
+        ("decoding", {"flax", "optax"}),
+        ("eval", set()),
+        ("typing", set()),
+    ],
+)
+def test_submodule_is_an_attribute_imported_on_first_use(name, allowed):
+    code = f"m = attn_jax.{name}\nassert m is sys.modules['attn_jax.{name}'] and '{name}' in dir(attn_jax)"
+    assert _imports_after(code) <= allowed
+
+
+def test_unknown_attribute_still_raises_attribute_error():
+    import attn_jax
+
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        attn_jax.nope  # noqa: B018
+    assert not hasattr(attn_jax, "cli_nope") and attn_jax.train is sys.modules["attn_jax.train"]
