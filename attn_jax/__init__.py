@@ -20,9 +20,9 @@ _SUBMODULES = frozenset(
 
 def __getattr__(name: str):
     if name in _SUBMODULES:
-        import importlib
+        from attn_jax._extras import require
 
-        return importlib.import_module(f"attn_jax.{name}")
+        return require(f"attn_jax.{name}", f"attn_jax.{name}")
     raise AttributeError(f"module 'attn_jax' has no attribute {name!r}")
 
 

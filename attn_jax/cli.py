@@ -1,4 +1,4 @@
-"""The ``attn-jax`` command: one argparse subcommand per task (``data``, ``train``, ``translate``, ``evaluate``)."""
+"""The ``attn-jax`` command: one argparse subcommand per task (``data``, ``train``, ``translate``, ``evaluate``, ``average``)."""
 
 from __future__ import annotations
 
@@ -6,6 +6,8 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from attn_jax._extras import missing_extra
+from attn_jax.cli_average import add_average_parser
 from attn_jax.cli_data import add_data_parser
 from attn_jax.cli_evaluate import add_evaluate_parser
 from attn_jax.cli_train import add_train_parser
@@ -53,6 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_train_parser(subparsers)
     add_translate_parser(subparsers)
     add_evaluate_parser(subparsers)
+    add_average_parser(subparsers)
     return parser
 
 
@@ -61,7 +64,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     args.argv = argv  # a multi-process train re-runs itself as its worker (attn_jax/cli_supervise.py)
-    return args.func(args)
+    try:
+        return args.func(args)
+    except ModuleNotFoundError as e:  # an optional package the subcommand imports on its way
+        message = missing_extra(e)
+        if message is None:
+            raise
+        print(f"attn-jax {args.command}: error: needs {message}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

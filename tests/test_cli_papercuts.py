@@ -11,6 +11,7 @@ import sys
 
 import pytest
 
+from attn_jax._extras import EXTRA_OF, MissingExtra, missing_extra, require
 from attn_jax._help import plain, summary
 from attn_jax.cli import build_parser, main
 
@@ -158,3 +159,107 @@ def test_unknown_attribute_still_raises_attribute_error():
     with pytest.raises(AttributeError, match="no attribute 'nope'"):
         attn_jax.nope  # noqa: B018
     assert not hasattr(attn_jax, "cli_nope") and attn_jax.train is sys.modules["attn_jax.train"]
+
+
+# --- a missing extra is named ----------------------------------------------------------------------------------
+
+
+def _hide(monkeypatch, package: str) -> None:
+    """Make ``package`` (and its loaded submodules) look uninstalled: a ``None`` in sys.modules stops an import."""
+    for name in [n for n in sys.modules if n == package or n.startswith(package + ".")] or [package]:
+        monkeypatch.setitem(sys.modules, name, None)
+
+
+def test_every_optional_package_maps_to_the_extra_that_installs_it():
+    import importlib.metadata
+    import tomllib
+
+    with open(os.path.join(_ROOT, "pyproject.toml"), "rb") as f:
+        extras = tomllib.load(f)["project"]["optional-dependencies"]
+
+    def norm(name: str) -> str:
+        return re.sub(r"[-_.]+", "-", name).lower()
+
+    distributions = importlib.metadata.packages_distributions()
+    for module, extra in EXTRA_OF.items():
+        required = {norm(re.split(r"[<>=!~;\[ ]", r, maxsplit=1)[0]) for r in extras[extra]}
+        assert {norm(d) for d in distributions[module]} & required, (module, extra)
+
+
+def test_missing_extra_names_only_optional_packages():
+    assert missing_extra(ModuleNotFoundError("x", name="orbax.checkpoint")) == (
+        "the 'train' extra (orbax is not installed): pip install 'attn-jax[train]'"
+    )
+    assert missing_extra(ModuleNotFoundError("x", name="numpy")) is None  # core: not an extra's
+    assert missing_extra(ImportError("cannot import name 'x'", name="grain")) is None  # installed but broken
+
+
+def test_require_raises_one_line_naming_the_extra(monkeypatch):
+    _hide(monkeypatch, "grain")
+    with pytest.raises(MissingExtra) as info:
+        require("grain", "attn_jax.data")
+    assert str(info.value) == (
+        "attn_jax.data needs the 'data' extra (grain is not installed): pip install 'attn-jax[data]'"
+    )
+    assert isinstance(info.value, ModuleNotFoundError) and info.value.name == "grain"
+    with pytest.raises(ModuleNotFoundError) as info:  # a package of no extra: the plain error
+        require("no_such_module_anywhere", "x")
+    assert not isinstance(info.value, MissingExtra)
+
+
+def test_library_functions_name_the_extra_of_their_lazy_imports(monkeypatch):
+    from attn_jax.data._vocab import SentencePieceVocabulary
+    from attn_jax.eval import _bleu, _detok, _plots
+
+    for package, call, extra in (
+        ("sacremoses", lambda: _detok._moses.__wrapped__("en"), "eval"),
+        ("sacrebleu", lambda: _bleu._metric("13a", False), "eval"),
+        ("matplotlib", lambda: _plots._figure((2.0, 2.0), 10), "eval"),
+        ("sentencepiece", lambda: SentencePieceVocabulary(b""), "data"),
+    ):
+        with monkeypatch.context() as m:
+            _hide(m, package)
+            with pytest.raises(
+                MissingExtra, match=rf"needs the '{extra}' extra \({package} is not installed\)"
+            ):
+                call()
+
+
+def _cli_without(package: str, argv: list[str]) -> subprocess.CompletedProcess:
+    script = (
+        f"import sys\nsys.modules[{package!r}] = None\nfrom attn_jax.cli import main\n"
+        f"raise SystemExit(main({argv!r}))"
+    )
+    return subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=_ROOT
+    )
+
+
+@pytest.mark.parametrize(
+    "package, argv, extra",
+    [
+        ("grain", ["data", "--config", "tiny"], "data"),
+        (
+            "ml_collections",
+            ["train", "--config", "configs/rnnsearch_cpu.py:smoke", "--print-config"],
+            "train",
+        ),
+    ],
+)
+def test_cli_without_an_extra_says_which_to_install(package, argv, extra):
+    done = _cli_without(package, argv)
+    assert done.returncode == 1 and done.stdout == "", done.stderr
+    assert done.stderr == (
+        f"attn-jax {argv[0]}: error: needs the '{extra}' extra ({package} is not installed): "
+        f"pip install 'attn-jax[{extra}]'\n"
+    )
+
+
+def test_submodule_attribute_without_its_extra_names_it():
+    script = "import sys\nsys.modules['grain'] = None\nimport attn_jax\nattn_jax.data"
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1
+    assert done.stderr.strip().splitlines()[-1] == (
+        "attn_jax._extras.MissingExtra: attn_jax.data needs the 'data' extra (grain is not installed): "
+        "pip install 'attn-jax[data]'"
+    )

@@ -15,6 +15,8 @@ import os
 from collections.abc import Iterable, Sequence
 from typing import Protocol, runtime_checkable
 
+from attn_jax._extras import needed_by
+
 PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
 SPECIAL_TOKENS = ("<pad>", "<s>", "</s>", "<unk>")
 _VOCAB_FILE = "vocab.json"
@@ -154,7 +156,8 @@ class SentencePieceVocabulary:
     word_level = False
 
     def __init__(self, model_proto: bytes) -> None:
-        import sentencepiece as spm
+        with needed_by("a SentencePiece vocabulary"):
+            import sentencepiece as spm
 
         self.model_proto = bytes(model_proto)
         self._sp = spm.SentencePieceProcessor(model_proto=self.model_proto)
@@ -187,7 +190,8 @@ class SentencePieceVocabulary:
         Returns:
           The trained vocabulary.
         """
-        import sentencepiece as spm
+        with needed_by("a SentencePiece vocabulary"):
+            import sentencepiece as spm
 
         model = io.BytesIO()
         text = [s for _, s in zip(range(max_sentences), sentences, strict=False) if s.strip()]

@@ -9,6 +9,7 @@ import operator
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from attn_jax._extras import needed_by
 from attn_jax.eval._detok import check_detokenize
 from attn_jax.eval._detok import detokenize as _detokenize
 
@@ -387,7 +388,8 @@ class _Scorer:
 
 def _metric(tokenize: str, lowercase: bool):
     """A sacreBLEU BLEU metric (imported lazily: sacrebleu is part of the optional ``eval`` extra)."""
-    from sacrebleu.metrics import BLEU
+    with needed_by("BLEU"):
+        from sacrebleu.metrics import BLEU
 
     return BLEU(tokenize=tokenize, lowercase=lowercase)
 

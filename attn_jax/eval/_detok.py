@@ -6,6 +6,8 @@ import functools
 import re
 from collections.abc import Sequence
 
+from attn_jax._extras import needed_by
+
 #: Detokenisers ``corpus_bleu`` and friends accept: ``"none"`` scores the text as given, ``"moses"`` joins
 #: Moses-tokenised text back into running text with sacremoses' ``MosesDetokenizer`` first.
 DETOKENIZERS = ("none", "moses")
@@ -56,7 +58,8 @@ def detokenize(sentences: Sequence[str], method: str = "moses", lang: str = "en"
 @functools.cache
 def _moses(lang: str):
     """One sacremoses detokeniser per language (building it compiles its rules)."""
-    from sacremoses import MosesDetokenizer
+    with needed_by("Moses detokenisation"):
+        from sacremoses import MosesDetokenizer
 
     return MosesDetokenizer(lang=lang)
 

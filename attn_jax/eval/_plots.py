@@ -13,6 +13,7 @@ from collections.abc import Iterable, Mapping, Sequence
 import numpy as np
 from jaxtyping import ArrayLike, Float
 
+from attn_jax._extras import needed_by
 from attn_jax.eval._alignment import Alignment, Link, _as_gold, _check_weights
 from attn_jax.eval._bleu import BleuByLength
 
@@ -139,8 +140,9 @@ def plot_bleu_by_length(
 
 def _figure(figsize: tuple[float, float], dpi: int):
     """A pyplot-free figure on an Agg canvas, laid out by matplotlib's constrained layout."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
+    with needed_by("drawing figures"):
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
 
     if min(figsize) <= 0 or dpi <= 0:
         raise ValueError(f"figsize and dpi must be positive, got figsize={figsize}, dpi={dpi}")
