@@ -263,3 +263,20 @@ def test_submodule_attribute_without_its_extra_names_it():
         "attn_jax._extras.MissingExtra: attn_jax.data needs the 'data' extra (grain is not installed): "
         "pip install 'attn-jax[data]'"
     )
+
+
+# --- one AER format --------------------------------------------------------------------------------------------
+
+
+def test_aer_prints_in_percent_as_in_the_tables_and_json_keeps_the_fraction():
+    from attn_jax.eval import SystemScores, alignment_error_rate, corpus_bleu, summary_json, summary_markdown
+
+    # |A| = 3, |S| = 2, |P| = 3 (a possible link 1?1): A∩S = {0-0}, A∩P = {0-0, 1-1};
+    # AER = 1 - (1 + 2) / (3 + 2) = 0.4, P = 2/3, R = 1/2.
+    aer = alignment_error_rate(["0-0 1-1 2-0"], ["0-0 1-2 1?1"])
+    assert str(aer) == "AER = 40.00 % (P = 66.67 %, R = 50.00 %, 1 sentences)"
+    scores = SystemScores(corpus_bleu(["a b c d"], ["a b c d"]), aer=aer)
+    row = summary_markdown({"sys": scores}).splitlines()[2]
+    assert row.endswith("| 40.00 | 66.67 | 50.00 |")  # the same numbers in the "AER (%)" columns
+    assert summary_json({"sys": scores})["sys"]["aer"]["aer"] == pytest.approx(0.4)
+    assert str(alignment_error_rate([""], [""])) == "AER = — (P = —, R = —, 1 sentences)"  # nothing to score

@@ -220,7 +220,14 @@ class AerResult:
         return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in d.items()}
 
     def __str__(self) -> str:
-        return f"AER = {self.aer:.4f} (P = {self.precision:.4f}, R = {self.recall:.4f}, {self.num_sentences} sentences)"
+        """``AER = 76.68 % (P = 23.10 %, R = 23.56 %, 140 sentences)``: percent, as in the summary tables."""
+        aer, p, r = (_percent(x) for x in (self.aer, self.precision, self.recall))
+        return f"AER = {aer} (P = {p}, R = {r}, {self.num_sentences} sentences)"
+
+
+def _percent(fraction: float) -> str:
+    """A fraction as a percentage with two decimals (the tables' ``AER (%)`` columns), an em dash for NaN."""
+    return "—" if math.isnan(fraction) else f"{100.0 * fraction:.2f} %"
 
 
 def alignment_error_rate(
