@@ -402,8 +402,8 @@ def translate_sentences(
     Sentences are sorted by length and batched at a few padded widths (:func:`length_batches`), each source
     ending in ``</s>`` as in training. A sentence of ``n`` tokens may produce ``limit.tokens(n)`` tokens (then
     ``</s>``), no more than the model can (:func:`model_length_cap`); each :class:`Translation` says its limit
-    and whether it stopped there (:func:`length_limit_report` counts them). A blank sentence gets one empty
-    hypothesis (score 0) without decoding.
+    and whether it stopped there (:func:`length_limit_report` counts them). A blank sentence gets ``nbest``
+    empty hypotheses (score 0) without decoding, so that an n-best list has ``nbest`` lines for it too.
 
     Args:
       loaded: the model and vocabularies (:func:`load_model`).
@@ -444,7 +444,7 @@ def translate_sentences(
     todo = [i for i, ids in enumerate(encoded) if ids]
     for i in range(len(sentences)):
         if not encoded[i]:
-            results[i] = [Translation("", [], [], 0.0, 0.0, None, [])]
+            results[i] = [Translation("", [], [], 0.0, 0.0, None, [])] * nbest
     lengths = [len(encoded[i]) + 1 for i in todo]
     work_total, work_done, done = max(sum(lengths), 1), 0, 0
     for chunk, width, rows in length_batches(lengths, batch_size):

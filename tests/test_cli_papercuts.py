@@ -280,3 +280,41 @@ def test_aer_prints_in_percent_as_in_the_tables_and_json_keeps_the_fraction():
     assert row.endswith("| 40.00 | 66.67 | 50.00 |")  # the same numbers in the "AER (%)" columns
     assert summary_json({"sys": scores})["sys"]["aer"]["aer"] == pytest.approx(0.4)
     assert str(alignment_error_rate([""], [""])) == "AER = — (P = —, R = —, 1 sentences)"  # nothing to score
+
+
+# --- --nbest K on a blank line: K lines ---------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def translate_run(tmp_path_factory):
+    from tests.test_cli_translate import make_run
+
+    return make_run(tmp_path_factory.mktemp("run"))
+
+
+def test_blank_line_gets_nbest_empty_hypotheses(translate_run):
+    from attn_jax.cli_translate import format_translations, load_model, translate_sentences
+
+    loaded = load_model(translate_run)
+    results = translate_sentences(loaded, ["", ""], beam_size=3, nbest=3)  # nothing to decode
+    assert [len(hyps) for hyps in results] == [3, 3]
+    assert all(h.text == "" and h.score == 0.0 and h.limit is None for hyps in results for h in hyps)
+    assert (
+        format_translations(1, "", results[1], nbest=True, alignment=None)
+        == ["1 |||  ||| 0.000000 ||| 0.000000"] * 3
+    )
+    assert format_translations(1, "", results[1], nbest=False, alignment=None) == [""]  # plain: one line
+    assert [len(h) for h in translate_sentences(loaded, [""], beam_size=3, nbest=1)] == [1]
+
+
+def test_translate_nbest_keeps_k_lines_for_a_blank_input_line(translate_run, tmp_path, capsys):
+    src = tmp_path / "in.txt"
+    src.write_text("the dog slept .\n\n.\n", encoding="utf-8")
+    status = main(
+        ["translate", "--workdir", translate_run, "--input", str(src), "--beam", "2", "--nbest", "2"]
+    )
+    out, err = capsys.readouterr()
+    assert status == 0, err
+    indices = [int(line.split(" ||| ")[0]) for line in out.splitlines()]
+    assert indices == [0, 0, 1, 1, 2, 2]
+    assert out.splitlines()[2:4] == ["1 |||  ||| 0.000000 ||| 0.000000"] * 2
