@@ -9,6 +9,15 @@ The step is the Flax examples' pure ``train_step(state, batch) -> (state, metric
 models, data and optax/orbax/ml_collections; models never import it.
 """
 
+from attn_jax.train._average import (
+    Averaged,
+    AverageError,
+    average_checkpoints,
+    check_average_output,
+    kept_steps,
+    last_steps,
+    write_averaged_run,
+)
 from attn_jax.train._checkpoint import (
     BEST_METRIC,
     CheckpointManager,
@@ -70,6 +79,13 @@ from attn_jax.train._step import (
 from attn_jax.train._tensorboard import EventWriter
 
 __all__ = [
+    "AverageError",
+    "Averaged",
+    "average_checkpoints",
+    "check_average_output",
+    "kept_steps",
+    "last_steps",
+    "write_averaged_run",
     "data_state",
     "restore_data_state",
     "abstract_sharded_state",
