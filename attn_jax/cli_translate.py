@@ -16,6 +16,15 @@ vocabularies are the run's own (``workdir/vocab``). A best or latest checkpoint 
 or deleted file) is skipped for the next best or newest one that loads, with a warning on stderr naming the
 damaged step; when none loads, or the step asked for cannot be read, the error names each step and why.
 
+Streaming: the model is loaded first; then standard input from a terminal or a pipe is read as it arrives: a line
+typed at a terminal (or written to the pipe) is translated, and its output written and flushed, before the next one
+is read. Lines that have already arrived are translated together, up to ``--batch-size`` at a time, but a pending
+line never waits for more input, so ``cat big.txt | attn-jax translate`` still decodes in full batches. A file
+(``--input FILE``, or standard input redirected from a regular file) is read whole and batched by length;
+``--progress bar`` or ``lines`` then shows the sentences done, their rate and an ETA on stderr (``auto``, the
+default: a bar when stderr is a terminal, nothing otherwise), as ``attn-jax evaluate`` does. Either way the
+length-limit summary below comes once, at the end of the input.
+
 Output formats:
 
 * plain: the best translation, one line per input line;
@@ -47,7 +56,8 @@ with attention as the alignment, as in Jean et al. 2015): useful for names and n
 needs a model with attention and word-level vocabularies (otherwise ``<unk>`` stays).
 
 Exit status: 0 done; 1 a missing workdir, checkpoint or vocabulary, no checkpoint that can be read, an
-unreadable or empty input (one line on stderr, no traceback); 2 a bad flag.
+unreadable or empty input (one line on stderr, no traceback; for streamed input after the lines before it
+were answered); 2 a bad flag.
 """
 
 from __future__ import annotations
@@ -56,14 +66,17 @@ import argparse
 import json
 import math
 import os
+import select
+import stat
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
 
 __all__ = [
     "LengthLimitReport",
+    "LineStream",
     "LoadedModel",
     "TranslateError",
     "Translation",
@@ -72,8 +85,10 @@ __all__ = [
     "length_limit",
     "length_limit_report",
     "load_model",
+    "merge_length_limit_reports",
     "model_length_cap",
     "run_translate",
+    "stream_fd",
     "translate_sentences",
 ]
 
@@ -339,6 +354,25 @@ def length_limit_report(loaded: LoadedModel, sentences: Sequence[str], results, 
     )
 
 
+def merge_length_limit_reports(a: LengthLimitReport | None, b: LengthLimitReport) -> LengthLimitReport:
+    """The report of two groups of sentences from the reports of each (``a`` None: ``b``): streamed input is
+    translated a batch at a time and its length-limit summary given once, at the end."""
+    if a is None:
+        return b
+
+    def pick(f, x, y):
+        return x if y is None else y if x is None else f(x, y)
+
+    return LengthLimitReport(
+        a.rule,
+        a.translations + b.translations,
+        a.stopped + b.stopped,
+        pick(min, a.shortest, b.shortest),
+        pick(max, a.longest, b.longest),
+        pick(max, a.model_cap, b.model_cap),
+    )
+
+
 # ----------------------------------------------------------------------------------------------- decoding
 
 
@@ -529,7 +563,9 @@ def add_translate_parser(subparsers) -> argparse.ArgumentParser:
             "Output: one line per input line (blank in, blank out); --nbest K: K Moses n-best lines "
             "'i ||| text ||| score ||| log_prob' per input; --alignment pharaoh appends ' ||| i-j ...' "
             "(source i, target j, 0-based); --alignment json writes one JSON object per input line. <unk> is "
-            "passed through unless --replace-unk copies the most-attended source word. Exit status: 0 done, "
+            "passed through unless --replace-unk copies the most-attended source word. Standard input from a "
+            "terminal or pipe is read as it arrives: each typed line is answered at once (lines already there "
+            "are batched, up to --batch-size); a file is read whole and batched. Exit status: 0 done, "
             "1 missing run/checkpoint or empty input, 2 bad flag."
         ),
     )
@@ -538,7 +574,8 @@ def add_translate_parser(subparsers) -> argparse.ArgumentParser:
         "--input",
         default="-",
         metavar="FILE",
-        help="source sentences, one a line ('-': stdin); lines end at \\n only (a trailing \\r is dropped); "
+        help="source sentences, one a line ('-': stdin, the default; from a terminal or pipe each line is "
+        "translated as soon as it arrives); lines end at \\n only (a trailing \\r is dropped); "
         "\\f, \\v, \\r, U+2028 and other separators inside a line are whitespace",
     )
     p.add_argument("--output", default="-", metavar="FILE", help="where to write ('-': stdout)")
@@ -569,7 +606,19 @@ def add_translate_parser(subparsers) -> argparse.ArgumentParser:
         help="replace a produced <unk> by the most-attended source word (Luong et al. 2015)",
     )
     p.add_argument(
-        "--batch-size", type=int, default=32, help="sentences per decoding batch (default: %(default)s)"
+        "--batch-size",
+        type=int,
+        default=32,
+        help="sentences per decoding batch (default: %(default)s); streamed stdin: at most this many of the "
+        "lines already there, never waiting for more",
+    )
+    p.add_argument(
+        "--progress",
+        choices=("auto", "bar", "lines"),
+        default="auto",
+        help="decoding progress of a file on stderr: a bar (redrawn in place) or a line every 10 s, with rate "
+        "and ETA (default: %(default)s = a bar when stderr is a terminal, nothing otherwise; never for "
+        "streamed stdin)",
     )
     add_length_limit_flags(p)
     p.set_defaults(func=run_translate)
@@ -662,6 +711,93 @@ def _read_lines(path: str) -> list[str]:
     return lines
 
 
+def stream_fd(stream) -> int | None:
+    """The file descriptor to read ``stream`` (stdin) from as lines arrive, or None to read it whole: a regular
+    file (``< big.txt``: batched by length, with progress) or a stream without one (a ``StringIO``)."""
+    try:
+        fd = stream.fileno()
+        return None if stat.S_ISREG(os.fstat(fd).st_mode) else fd
+    except (AttributeError, OSError, ValueError):
+        return None
+
+
+class LineStream:
+    """Lines of a terminal or pipe as they arrive, by :func:`split_lines`' rules (``\\n`` ends a line; each is
+    stripped; a byte-order mark at the start is dropped), in groups that never wait for more input.
+
+    The descriptor is read directly (not through ``sys.stdin``'s buffer), so that ``select`` tells truly
+    whether more input is there: :meth:`batches` waits for a first line, then adds only lines that have
+    already arrived, so a line typed at a terminal is answered at once and a fast pipe still fills batches.
+    """
+
+    def __init__(self, fd: int, name: str = "stdin"):
+        self.fd, self.name = fd, name
+        self.sentences = 0  # non-blank lines read
+        self._buf = bytearray()
+        self._eof = False
+        self._offset = 0  # bytes of the stream before _buf (for the offset of invalid UTF-8)
+
+    def _fill(self, wait: bool) -> bool:
+        """Append what the descriptor has (without ``wait``: only if that cannot block); False if nothing."""
+        if not wait:
+            try:
+                ready, _, _ = select.select([self.fd], [], [], 0)
+            except (OSError, ValueError):  # no select for this descriptor: answer what is pending
+                return False
+            if not ready:
+                return False
+        try:
+            chunk = os.read(self.fd, 1 << 16)
+        except OSError as e:
+            raise TranslateError(f"{self.name}: {e.strerror or e}") from None
+        if not chunk:
+            self._eof = True
+            return False
+        self._buf += chunk
+        return True
+
+    def _next_line(self) -> str | None:
+        """The next complete line in the buffer (at the end of input, also an unterminated last one), or None."""
+        end = self._buf.find(b"\n")
+        if end < 0:
+            if not (self._eof and self._buf):
+                return None
+            end = len(self._buf)
+        raw, start = bytes(self._buf[:end]), self._offset
+        del self._buf[: end + 1]
+        self._offset += end + 1
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise TranslateError(
+                f"{self.name}: invalid UTF-8 (byte {e.object[e.start]:#04x} at offset {start + e.start})"
+            ) from None
+        line = (text.removeprefix("\ufeff") if start == 0 else text).strip()
+        self.sentences += bool(line)
+        return line
+
+    def batches(self, most: int) -> Iterator[list[str]]:
+        """Groups of at most ``most`` lines, in order, until the end of input: each waits for its first line,
+        then takes only the lines already there."""
+        failure = None
+        while failure is None:
+            batch: list[str] = []
+            try:
+                while len(batch) < most:
+                    line = self._next_line()
+                    if line is not None:
+                        batch.append(line)
+                    elif self._eof or not (self._fill(wait=not batch) or self._eof):
+                        break
+            except TranslateError as e:  # the lines before an unreadable one are still answered
+                failure = e
+            if batch:
+                yield batch
+            elif failure is None:
+                return
+        raise failure
+
+
 def _finite(x: float) -> float | None:
     return x if math.isfinite(x) else None
 
@@ -719,8 +855,11 @@ def run_translate(args: argparse.Namespace) -> int:
     if problem:
         return _error(problem, 2)
     quiet_checkpoint_logs()
+    fd = None
     try:
-        lines = _read_lines(args.input)
+        # A file is read before the (slow) model load, so that its errors come at once; stdin after it, so that
+        # the first line typed is answered without waiting for the load.
+        lines = None if args.input == "-" else _read_lines(args.input)
         loaded = load_model(args.workdir, args.checkpoint)
         if loaded.note:
             print(f"attn-jax translate: warning: {loaded.note}", file=sys.stderr)
@@ -730,28 +869,39 @@ def run_translate(args: argparse.Namespace) -> int:
             max_length_ratio=args.max_length_ratio,
             max_length_offset=args.max_length_offset,
         )
-        results = translate_sentences(
-            loaded,
-            lines,
-            beam_size=args.beam,
-            alpha=args.alpha,
-            beta=args.beta,
-            nbest=args.nbest,
-            batch_size=args.batch_size,
-            limit=rule,
-            replace_unk=args.replace_unk,
-        )
+        if lines is None:
+            fd = stream_fd(sys.stdin)
+            if fd is None:
+                lines = _read_lines("-")
     except TranslateError as e:
         return _error(e)
-    warning = length_limit_report(loaded, lines, results, rule).message()
-    if warning:
-        print(f"attn-jax translate: warning: {warning}", file=sys.stderr)
-    out = [
-        line
-        for i, (source, hyps) in enumerate(zip(lines, results, strict=True))
-        for line in format_translations(i, source, hyps, nbest=args.nbest > 1, alignment=args.alignment)
-    ]
-    text = "".join(line + "\n" for line in out)
+    options = dict(
+        beam_size=args.beam,
+        alpha=args.alpha,
+        beta=args.beta,
+        nbest=args.nbest,
+        batch_size=args.batch_size,
+        limit=rule,
+        replace_unk=args.replace_unk,
+    )
+    if fd is not None:
+        return _translate_stream(args, loaded, rule, options, LineStream(fd))
+    bar = _progress_line(args.progress)
+    try:
+        progress = None
+        if bar is not None:
+            from attn_jax.cli_evaluate import decode_progress
+
+            progress = decode_progress(bar)
+            progress(0, sum(bool(s) for s in lines), 0.0)
+        results = translate_sentences(loaded, lines, progress=progress, **options)
+    except TranslateError as e:
+        return _error(e)
+    finally:
+        if bar is not None:
+            bar.close()
+    _warn_length_limit(length_limit_report(loaded, lines, results, rule))
+    text = _format(lines, results, 0, args)
     if args.output == "-":
         sys.stdout.write(text)
         sys.stdout.flush()
@@ -762,4 +912,64 @@ def run_translate(args: argparse.Namespace) -> int:
                 f.write(text)
         except OSError as e:
             return _error(f"{args.output}: cannot write: {e.strerror or e}")
+    return 0
+
+
+def _progress_line(progress: str):
+    """A ``ProgressLine`` on stderr for ``--progress`` (``auto``: a bar on a terminal, else None: the stderr of
+    a script carries only errors and warnings)."""
+    if progress == "auto" and not getattr(sys.stderr, "isatty", lambda: False)():
+        return None
+    from attn_jax.train import ProgressLine
+
+    return ProgressLine(sys.stderr, tty=progress != "lines", label="decoding", every_s=10.0)
+
+
+def _warn_length_limit(report: LengthLimitReport | None) -> None:
+    warning = report.message() if report is not None else None
+    if warning:
+        print(f"attn-jax translate: warning: {warning}", file=sys.stderr)
+
+
+def _format(sources: Sequence[str], results, first: int, args: argparse.Namespace) -> str:
+    """The output text of ``sources`` (input lines ``first``, ``first + 1``, ...) and their translations."""
+    return "".join(
+        line + "\n"
+        for i, (source, hyps) in enumerate(zip(sources, results, strict=True), first)
+        for line in format_translations(i, source, hyps, nbest=args.nbest > 1, alignment=args.alignment)
+    )
+
+
+def _translate_stream(
+    args: argparse.Namespace, loaded: LoadedModel, rule, options: dict[str, Any], source: LineStream
+) -> int:
+    """Translate stdin as it arrives, writing and flushing each group's output before reading on; the
+    length-limit summary comes at the end (also when an unreadable line stops the stream)."""
+    try:
+        if args.output == "-":
+            out = sys.stdout
+        else:
+            os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
+            out = open(args.output, "w", encoding="utf-8")  # closed below
+    except OSError as e:
+        return _error(f"{args.output}: cannot write: {e.strerror or e}")
+    report, done = None, 0
+    try:
+        for batch in source.batches(args.batch_size):
+            results = translate_sentences(loaded, batch, **options)
+            report = merge_length_limit_reports(report, length_limit_report(loaded, batch, results, rule))
+            out.write(_format(batch, results, done, args))
+            out.flush()
+            done += len(batch)
+        if not source.sentences:
+            raise TranslateError(f"{source.name}: no sentences to translate (empty input)")
+    except TranslateError as e:
+        _warn_length_limit(report)
+        return _error(e)
+    except OSError as e:
+        return _error(f"{'stdout' if args.output == '-' else args.output}: cannot write: {e.strerror or e}")
+    finally:
+        if out is not sys.stdout:
+            out.close()
+    _warn_length_limit(report)
     return 0
