@@ -44,6 +44,7 @@ from attn_jax.attention._masks import (
     make_padding_mask,
     padding_lengths,
     padding_mask_from_tokens,
+    sliding_window_mask,
 )
 from attn_jax.attention._multihead import (
     init_multi_head_params,
@@ -106,6 +107,7 @@ __all__ = [
     "make_padding_mask",
     "padding_lengths",
     "padding_mask_from_tokens",
+    "sliding_window_mask",
     # padding that cannot leak
     "zero_masked_keys",
     "zero_masked_queries",

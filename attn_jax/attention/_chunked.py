@@ -22,7 +22,10 @@ NaN or ±inf stored there reaches neither the context nor any gradient.
 Causal attention skips the key blocks that lie entirely in a query block's future for real: the loops run
 over a *dynamic* range of block indices (``lax.fori_loop`` with a traced bound, i.e. a ``while`` loop), so
 a causal ``T = S`` call does about half the block products of a non-causal one, in both passes. The bound
-depends only on block indices, never on data, so it stays a loop bound under ``vmap``.
+depends only on block indices, never on data, so it stays a loop bound under ``vmap``. A sliding window
+(``local_window``) bounds the same loops from both sides: query block ``i`` runs over the key blocks that meet
+``[i·bq − left, i·bq + bq − 1 + right]`` only, and the backward's key block ``j`` over the query blocks that
+meet ``[j·bk − right, j·bk + bk − 1 + left]``, so the work grows with the window, not with ``S``.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ from attn_jax.attention._checks import (
     check_min_rank,
     shape_str,
 )
+from attn_jax.attention._masks import sliding_window
 from attn_jax.attention._padding import zero_dead_inputs
 from attn_jax.attention._softmax import _FILL
 from attn_jax.typing import Array, Bool, Float
@@ -57,6 +61,8 @@ class _Config(NamedTuple):
     kv_block: int
     scale: float
     causal: bool
+    # (left, right): key j is visible to query i iff i - left <= j <= i + right
+    window: tuple[int, int] | None = None
 
 
 # --- the kernel, on one batch element: q [Tp, K], k [Sp, K], v [Sp, Kv], mask [Tm, Sm], bias [Tb, Sb] ---------
@@ -82,6 +88,11 @@ def _block_logits(cfg: _Config, q_i, k_j, mask, bias, i, j):
     if cfg.causal:
         rows = i * cfg.q_block + jnp.arange(cfg.q_block)[:, None]  # [bq, 1]
         valid = cols <= rows
+    if cfg.window is not None:
+        rows = i * cfg.q_block + jnp.arange(cfg.q_block)[:, None]  # [bq, 1]
+        left, right = cfg.window
+        inside = (cols >= rows - left) & (cols <= rows + right)
+        valid = inside if valid is None else valid & inside
     if cfg.kv_len % cfg.kv_block:  # padded keys exist
         valid = cols < cfg.kv_len if valid is None else valid & (cols < cfg.kv_len)
     if mask is not None:
@@ -94,18 +105,43 @@ def _block_logits(cfg: _Config, q_i, k_j, mask, bias, i, j):
 
 
 def _kv_stop(cfg: _Config, i, num_kv: int):
-    """One past the last key block that query block ``i`` can see (all of them unless causal)."""
-    if not cfg.causal:
-        return num_kv
-    # key block j is visible iff its first key j·bk <= the block's last row i·bq + bq - 1
-    return jnp.minimum(num_kv, (i * cfg.q_block + cfg.q_block - 1) // cfg.kv_block + 1)
+    """One past the last key block that query block ``i`` can see (all of them unless causal or windowed)."""
+    stop = num_kv
+    if cfg.causal:
+        # key block j is visible iff its first key j·bk <= the block's last row i·bq + bq - 1
+        stop = jnp.minimum(num_kv, (i * cfg.q_block + cfg.q_block - 1) // cfg.kv_block + 1)
+    if cfg.window is not None:
+        # ... and iff its first key j·bk <= the block's last row + right
+        last = i * cfg.q_block + cfg.q_block - 1 + cfg.window[1]
+        stop = jnp.minimum(stop, last // cfg.kv_block + 1)
+    return stop
+
+
+def _kv_start(cfg: _Config, i):
+    """The first key block that query block ``i`` can see: 0 unless a window ends before the sequence does."""
+    if cfg.window is None:
+        return 0
+    # key block j is visible iff its last key j·bk + bk - 1 >= the block's first row i·bq - left
+    return jnp.maximum(0, (i * cfg.q_block - cfg.window[0]) // cfg.kv_block)
 
 
 def _q_start(cfg: _Config, j, num_q: int):
     """The first query block that can see key block ``j`` (the same visibility rule as :func:`_kv_stop`)."""
-    if not cfg.causal:
-        return 0
-    return jnp.minimum(num_q, (j * cfg.kv_block) // cfg.q_block)
+    start = 0
+    if cfg.causal:
+        start = jnp.minimum(num_q, (j * cfg.kv_block) // cfg.q_block)
+    if cfg.window is not None:
+        # query block i sees key block j iff its last row i·bq + bq - 1 >= j·bk - right
+        start = jnp.maximum(start, (j * cfg.kv_block - cfg.window[1]) // cfg.q_block)
+    return start
+
+
+def _q_stop(cfg: _Config, j, num_q: int):
+    """One past the last query block that can see key block ``j`` (the rule of :func:`_kv_start`)."""
+    if cfg.window is None:
+        return num_q
+    # query block i sees key block j iff its first row i·bq <= the block's last key j·bk + bk - 1 + left
+    return jnp.minimum(num_q, (j * cfg.kv_block + cfg.kv_block - 1 + cfg.window[0]) // cfg.q_block + 1)
 
 
 def _forward(cfg: _Config, q, k, v, mask, bias):
@@ -135,7 +171,7 @@ def _forward(cfg: _Config, q, k, v, mask, bias):
             jnp.zeros((cfg.q_block,), jnp.float32),
             jnp.zeros((cfg.q_block, width_v), jnp.float32),
         )
-        m, total, acc = lax.fori_loop(0, _kv_stop(cfg, i, num_kv), key_block, init)
+        m, total, acc = lax.fori_loop(_kv_start(cfg, i), _kv_stop(cfg, i, num_kv), key_block, init)
         # total >= 1 iff the query saw a valid key (its max contributes exp(0)); otherwise zero context by policy.
         live = total > 0
         safe_total = jnp.where(live, total, 1.0)
@@ -205,7 +241,9 @@ def _flash_bwd(cfg: _Config, residuals, d_out):
             dq,
             dbias,
         )
-        dk_j, dv_j, dq, dbias = lax.fori_loop(_q_start(cfg, j, num_q), num_q, query_block, init)
+        dk_j, dv_j, dq, dbias = lax.fori_loop(
+            _q_start(cfg, j, num_q), _q_stop(cfg, j, num_q), query_block, init
+        )
         return (dq, dbias), (dk_j, dv_j)
 
     (dq, dbias), (dk, dv) = lax.scan(key_block, (dq0, dbias0), jnp.arange(num_kv))
@@ -328,6 +366,7 @@ def chunked_dot_product_attention(
     *,
     bias: Float[Array, "... T S"] | None = None,
     causal: bool = False,
+    local_window: int | tuple[int, int] | None = None,
     scale: float | None = None,
     query_chunk: int = 512,
     key_chunk: int = 512,
@@ -346,7 +385,9 @@ def chunked_dot_product_attention(
     gets a zero context and zero, finite gradients. Memory ``O(T·K + S·Kv + query_chunk·key_chunk)`` per
     batch element instead of ``O(T·S)``. Lengths that are not multiples of the chunk sizes are padded
     internally and the padding masked. With ``causal=True``, key blocks entirely in a query block's future
-    are skipped (not computed and masked), in both passes.
+    are skipped (not computed and masked), in both passes; with ``local_window=(left, right)`` so are the key
+    blocks entirely outside every query's window ``[i - left, i + right]``, so the cost is
+    ``O(T·(left + right + chunk))`` instead of ``O(T·S)``.
 
     Differentiable to first order in reverse mode (``grad``, ``vjp``) through a ``jax.custom_vjp``: forward
     mode (``jvp``, ``jacfwd``) and second derivatives are not supported, and ``scale`` is a static constant. A full ``[..., T, S]``
@@ -359,6 +400,8 @@ def chunked_dot_product_attention(
       mask: boolean, True = may attend, broadcastable to ``[..., T, S]``; ``None`` attends everywhere.
       bias: additive float bias broadcastable to ``[..., T, S]``, added to the scaled logits in float32.
       causal: also mask key ``j > i`` for query ``i`` (``make_causal_mask(T, S)``: top-left aligned).
+      local_window: ``(left, right)`` static non-negative ints, or one int ``w`` for ``(w, w)``: also mask the
+        keys outside ``i - left <= j <= i + right`` (:func:`sliding_window_mask`; ANDed with ``causal``).
       scale: logit multiplier, a Python number; ``None`` means ``1/√K``.
       query_chunk: queries per block (clipped to ``T``).
       key_chunk: keys per block (clipped to ``S``).
@@ -367,8 +410,8 @@ def chunked_dot_product_attention(
       the context ``[..., T, Kv]`` in ``value``'s dtype.
 
     Raises:
-      ValueError: the shape errors of :func:`dot_product_attention`, a non-positive chunk size, or a traced
-        ``scale``.
+      ValueError: the shape errors of :func:`dot_product_attention`, a non-positive chunk size, a traced
+        ``scale``, or a ``local_window`` that is not a non-negative int or pair of them.
 
     >>> q = k = jnp.zeros((4, 2)); v = jnp.arange(4.0)[:, None]  # uniform weights over the visible keys
     >>> chunked_dot_product_attention(q, k, v, causal=True, query_chunk=2, key_chunk=3)[:, 0]
@@ -377,8 +420,11 @@ def chunked_dot_product_attention(
     logits_shape = _check_inputs(query, key, value, mask, bias)
     q_chunk = _check_chunk("query_chunk", query_chunk)
     kv_chunk = _check_chunk("key_chunk", key_chunk)
+    window = sliding_window(local_window)
     # Rows no pair reads (padding) may hold anything, NaN included: zero them before any product.
-    query, key, value = zero_dead_inputs(query, key, value, mask, bias, logits_shape, causal=bool(causal))
+    query, key, value = zero_dead_inputs(
+        query, key, value, mask, bias, logits_shape, causal=bool(causal), window=window
+    )
     return _chunked_attention(
         logits_shape,
         query,
@@ -387,6 +433,7 @@ def chunked_dot_product_attention(
         mask,
         bias,
         causal=causal,
+        window=window,
         scale=scale,
         query_chunk=q_chunk,
         key_chunk=kv_chunk,
@@ -394,7 +441,7 @@ def chunked_dot_product_attention(
 
 
 def _chunked_attention(
-    logits_shape, query, key, value, mask, bias, *, causal, scale, query_chunk=512, key_chunk=512
+    logits_shape, query, key, value, mask, bias, *, causal, scale, window=None, query_chunk=512, key_chunk=512
 ):
     """:func:`chunked_dot_product_attention` on checked operands whose unread rows are already zero."""
     q_chunk = _check_chunk("query_chunk", query_chunk)
@@ -407,7 +454,7 @@ def _chunked_attention(
 
     bq, bk = min(q_chunk, t), min(kv_chunk, s)
     t_pad, s_pad = -(-t // bq) * bq, -(-s // bk) * bk
-    cfg = _Config(q_len=t, kv_len=s, q_block=bq, kv_block=bk, scale=scale, causal=bool(causal))
+    cfg = _Config(q_len=t, kv_len=s, q_block=bq, kv_block=bk, scale=scale, causal=bool(causal), window=window)
     ndim = len(batch) + 2
     dtype = jnp.result_type(query, key)
     # Padded queries see ordinary keys and are sliced off (their cotangent is 0); padded keys are masked.

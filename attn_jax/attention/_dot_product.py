@@ -23,7 +23,7 @@ from attn_jax.attention._checks import (
     shape_str,
 )
 from attn_jax.attention._chunked import _check_inputs, _chunked_attention
-from attn_jax.attention._masks import lengths_mask, make_causal_mask
+from attn_jax.attention._masks import lengths_mask, make_causal_mask, sliding_window, sliding_window_mask
 from attn_jax.attention._padding import allowed_pairs, zero_dead_inputs
 from attn_jax.attention._softmax import attend, masked_softmax
 from attn_jax.typing import Array, ArrayLike, Bool, Float, Int
@@ -100,6 +100,7 @@ def dot_product_attention(
     implementation: Implementation | None = None,
     query_lengths: Int[ArrayLike, "..."] | None = None,
     key_lengths: Int[ArrayLike, "..."] | None = None,
+    local_window: int | tuple[int, int] | None = None,
 ) -> Float[Array, "... T Kv"] | tuple[Float[Array, "... T Kv"], Float[Array, "... T S"]]:
     r"""Scaled dot-product attention ``softmax(QKᵀ/√K + bias) V`` with a boolean mask.
 
@@ -133,10 +134,13 @@ def dot_product_attention(
       to that dtype's precision. Fully masked rows are zeroed to keep this function's policy. Padding given
       as ``query_lengths``/``key_lengths`` reaches cuDNN as its sequence lengths (``query_seq_lengths``,
       ``key_value_seq_lengths``): its padding mask, no ``[T, S]`` array. A boolean ``mask`` reaches it as a
-      dense ``[..., T, S]`` bias.
+      dense ``[..., T, S]`` bias. A ``local_window`` reaches it as ``local_window_size`` (cuDNN's sliding
+      window) when it has no right side (``right == 0``, or ``causal``); a window that reaches right of a
+      non-causal query is ANDed into that dense mask instead.
 
     ``None`` picks: ``"xla"`` when ``return_weights``; else ``"cudnn"`` when it applies with no mask and no
-    bias (padding as lengths is fine; a boolean mask would be expanded to a ``[.., T, S]`` bias for cuDNN);
+    bias (padding as lengths is fine; a boolean mask, or a window reaching right of non-causal queries, would
+    be expanded to a ``[.., T, S]`` bias for cuDNN);
     else ``"chunked"`` when one head's logits would hold at least ``4096 × 4096`` entries and ``scale`` is
     static; else ``"xla"``. :func:`dot_product_implementation` says which, and why not cuDNN.
 
@@ -146,6 +150,15 @@ def dot_product_attention(
     :func:`make_attention_mask`/:func:`key_padding_mask` from lengths converts back with
     :func:`padding_lengths` outside ``jit`` (whether a mask is a padding mask depends on its values, so this
     function never guesses it from a mask).
+
+    Sliding-window (local) attention: ``local_window=(left, right)`` lets query ``i`` attend only keys
+    ``i - left <= j <= i + right`` (ANDed with ``mask``, ``bias``, ``causal`` and the lengths), exactly
+    ``jax.nn.dot_product_attention``'s ``local_window_size`` (Beltagy et al. 2020, "Longformer"): top-left
+    aligned, an int ``w`` means ``(w, w)``, and with ``causal=True`` it is ``left`` keys back and the query
+    itself. ``"xla"`` applies it as :func:`sliding_window_mask`; ``"chunked"`` skips the key blocks outside
+    every window of a query block, so its cost grows with ``left + right`` instead of ``S``. A query whose
+    window holds no allowed key (``i - left >= S``, or all its window padded) gets the zero context of a fully
+    masked row.
 
     Args:
       query: ``[..., T, K]``.
@@ -163,6 +176,8 @@ def dot_product_attention(
         batch axes from the right: ``[B, 1]`` for ``[B, H, T, K]`` queries): query ``i`` is real iff
         ``i < query_lengths``; a padded query gets a zero context. ``None``: every query is real.
       key_lengths: the same for keys and values: key ``j`` may be attended iff ``j < key_lengths``.
+      local_window: ``(left, right)`` non-negative ints (static), or one int ``w`` for ``(w, w)``: query ``i``
+        may attend key ``j`` only if ``i - left <= j <= i + right``. ``None``: no window.
 
     Returns:
       the context ``[..., T, Kv]`` in ``value``'s dtype, or ``(context, weights [..., T, S] float32)`` when
@@ -171,7 +186,8 @@ def dot_product_attention(
     Raises:
       ValueError: mismatched widths or lengths, non-broadcasting batch axes, a mask or bias that does not
         broadcast to the logits, a non-boolean mask, or non-integer lengths or lengths that do not broadcast
-        to the batch axes (the message names the shapes); an unknown
+        to the batch axes (the message names the shapes); a ``local_window`` that is not a non-negative int or
+        a pair of them; an unknown
         ``implementation``, ``return_weights`` with ``"chunked"``/``"cudnn"``, or ``"cudnn"`` where cuDNN
         does not apply (no CUDA GPU, float32 inputs, ...; the message says why).
 
@@ -180,14 +196,26 @@ def dot_product_attention(
     Array([[1.]], dtype=float32)
     >>> dot_product_attention(q, k, v, key_lengths=jnp.array(1))  # the same padding, as a length
     Array([[1.]], dtype=float32)
+    >>> dot_product_attention(q, k, v, local_window=(0, 0))  # query 0 sees key 0 only
+    Array([[1.]], dtype=float32)
     """
     logits_shape = _check_inputs(query, key, value, mask, bias)
     _check_lengths(query_lengths, key_lengths, logits_shape)
+    window = sliding_window(local_window)
     if implementation not in (None, "xla", "chunked", "cudnn"):
         raise ValueError(f"implementation must be 'xla', 'chunked', 'cudnn' or None, got {implementation!r}")
     if implementation is None:
         implementation, _ = _choose_implementation(
-            query, key, value, mask, bias, logits_shape, scale=scale, return_weights=return_weights
+            query,
+            key,
+            value,
+            mask,
+            bias,
+            logits_shape,
+            scale=scale,
+            return_weights=return_weights,
+            causal=causal,
+            window=window,
         )
     if implementation != "xla" and return_weights:
         raise ValueError(
@@ -203,9 +231,13 @@ def dot_product_attention(
     if padding is not None:
         mask = padding if mask is None else jnp.logical_and(mask, padding)
     # Rows no pair reads (padding) may hold anything, NaN included: zero them before any product, on every path.
-    query, key, value = zero_dead_inputs(query, key, value, mask, bias, logits_shape, causal=causal)
+    query, key, value = zero_dead_inputs(
+        query, key, value, mask, bias, logits_shape, causal=causal, window=window
+    )
     if implementation == "chunked":
-        return _chunked_attention(logits_shape, query, key, value, mask, bias, causal=causal, scale=scale)
+        return _chunked_attention(
+            logits_shape, query, key, value, mask, bias, causal=causal, scale=scale, window=window
+        )
     if implementation == "cudnn":
         return _cudnn_attention(
             query,
@@ -218,6 +250,7 @@ def dot_product_attention(
             causal=causal,
             lengths=(query_lengths, key_lengths),
             allowed=allowed_pairs(mask, bias),
+            window=window,
         )
 
     # The plain XLA path: every other implementation must match this one, which stays the reference.
@@ -227,6 +260,9 @@ def dot_product_attention(
     if causal:
         causal_mask = make_causal_mask(logits_shape[-2], logits_shape[-1])
         mask = causal_mask if mask is None else jnp.logical_and(mask, causal_mask)
+    if window is not None:
+        window_mask = sliding_window_mask(logits_shape[-2], logits_shape[-1], window)
+        mask = window_mask if mask is None else jnp.logical_and(mask, window_mask)
     batch = np.shape(query)[:-2]
     if not return_weights and _is_static(scale) and np.shape(key)[:-2] == batch == np.shape(value)[:-2]:
         # the same forward as below with FlashAttention's derivative: fwd+bwd ~20-25% faster at T = S = 256 on
@@ -314,7 +350,7 @@ _CHUNKED_MIN_LOGITS = 4096 * 4096
 
 
 def _choose_implementation(
-    query, key, value, mask, bias, logits_shape, *, scale, return_weights
+    query, key, value, mask, bias, logits_shape, *, scale, return_weights, causal=False, window=None
 ) -> tuple[Implementation, str | None]:
     """The ``implementation=None`` rule of :func:`dot_product_attention`: ``(choice, why not "cudnn")``."""
     if return_weights:
@@ -327,6 +363,11 @@ def _choose_implementation(
         )
     if reason is None and bias is not None:
         reason = "a bias is a dense [..., T, S] operand for cuDNN; implementation='cudnn' runs it anyway"
+    if reason is None and not _cudnn_window(window, causal):
+        reason = (
+            f"cuDNN's sliding window has no right side, and local_window={window} reaches right of non-causal "
+            "queries: it would reach cuDNN as a dense [..., T, S] bias; implementation='cudnn' runs it anyway"
+        )
     if reason is None:
         return "cudnn", None
     if _is_static(scale) and logits_shape[-2] * logits_shape[-1] >= _CHUNKED_MIN_LOGITS:
@@ -345,6 +386,8 @@ def dot_product_implementation(
     return_weights: bool = False,
     query_lengths: Int[ArrayLike, "..."] | None = None,
     key_lengths: Int[ArrayLike, "..."] | None = None,
+    causal: bool = False,
+    local_window: int | tuple[int, int] | None = None,
 ) -> tuple[Implementation, str | None]:
     r"""Which implementation :func:`dot_product_attention` picks for these operands, and why not cuDNN.
 
@@ -353,8 +396,8 @@ def dot_product_implementation(
     when it matters, e.g. that a masked NMT batch ran on ``"xla"`` because its padding came as a mask.
 
     Args:
-      query, key, value, mask, bias, scale, return_weights, query_lengths, key_lengths: as for
-        :func:`dot_product_attention` (checked the same way).
+      query, key, value, mask, bias, scale, return_weights, query_lengths, key_lengths, causal,
+        local_window: as for :func:`dot_product_attention` (checked the same way).
 
     Returns:
       ``(implementation, reason)``: ``"xla"``, ``"chunked"`` or ``"cudnn"``, and one line saying why cuDNN
@@ -367,7 +410,16 @@ def dot_product_implementation(
     logits_shape = _check_inputs(query, key, value, mask, bias)
     _check_lengths(query_lengths, key_lengths, logits_shape)
     return _choose_implementation(
-        query, key, value, mask, bias, logits_shape, scale=scale, return_weights=return_weights
+        query,
+        key,
+        value,
+        mask,
+        bias,
+        logits_shape,
+        scale=scale,
+        return_weights=return_weights,
+        causal=causal,
+        window=sliding_window(local_window),
     )
 
 
@@ -441,13 +493,31 @@ def _cudnn_seq_lengths(lengths, batch, t, s):
     return jnp.where(k == 0, 0, q), jnp.maximum(k, 1)
 
 
+def _cudnn_window(window, causal) -> bool:
+    """Whether cuDNN's sliding window (``left`` back to the query itself, nothing right) can carry ``window``."""
+    return window is None or causal or window[1] == 0
+
+
 def _cudnn_attention(
-    query, key, value, mask, bias, logits_shape, *, scale, causal, lengths=(None, None), allowed=None
+    query,
+    key,
+    value,
+    mask,
+    bias,
+    logits_shape,
+    *,
+    scale,
+    causal,
+    lengths=(None, None),
+    allowed=None,
+    window=None,
 ):
     """``jax.nn.dot_product_attention(implementation="cudnn")`` on ``[N, T, 1, K]``, fully masked rows zeroed.
 
     ``mask`` is the caller's boolean mask, ``lengths`` the ``(query_lengths, key_lengths)`` handed to cuDNN
-    as sequence lengths, and ``allowed`` every pair they (with ``bias``) allow, for the zeroing.
+    as sequence lengths, and ``allowed`` every pair they (with ``bias``) allow, for the zeroing. A
+    ``window = (left, right)`` with no right side reaches cuDNN as its sliding window (``left``, then the causal
+    bound, which equals the window's there), any other as part of the dense mask.
     """
     batch, (t, s) = logits_shape[:-2], logits_shape[-2:]
     n = math.prod(batch)
@@ -466,6 +536,15 @@ def _cudnn_attention(
     dtype = jnp.asarray(query).dtype
     if allowed is None:
         allowed = allowed_pairs(mask, bias)
+    local_window_size, is_causal = None, causal
+    if window is not None:
+        window_mask = sliding_window_mask(t, s, window)
+        if _cudnn_window(window, causal):
+            # band (left, 0) == causal AND band (left, anything): cuDNN's mask types with a window are the causal ones
+            local_window_size, is_causal = (window[0], 0), True
+        else:
+            mask = window_mask if mask is None else jnp.logical_and(mask, window_mask)
+        allowed = window_mask if allowed is None else jnp.logical_and(allowed, window_mask)
     if bias is not None:
         # a row of -inf would give NaN (exp(-inf - -inf)); jax.nn's own fill for masked pairs instead, and such
         # rows are zeroed below like fully masked ones
@@ -478,9 +557,10 @@ def _cudnn_attention(
         bias=None if bias is None else per_logit(jnp.asarray(bias, dtype)),
         mask=None if mask is None else per_logit(mask),
         scale=_scale(scale, width),
-        is_causal=causal,
+        is_causal=is_causal,
         query_seq_lengths=query_seq_lengths,
         key_value_seq_lengths=key_value_seq_lengths,
+        local_window_size=local_window_size,
         implementation="cudnn",
     ).reshape(batch + (t, width))
     if allowed is not None:  # cuDNN averages all values for a query with no valid key; this library gives 0

@@ -1,4 +1,4 @@
-"""Boolean attention masks: padding, causal, their combination, and conversion from PyTorch's conventions.
+"""Boolean attention masks: padding, causal, sliding-window, their combination, and conversion from PyTorch's conventions.
 
 Convention (the whole library): a mask is boolean, ``True`` means "this query may attend this key", and it
 broadcasts to the logits ``[..., T, S]`` (or ``[..., H, T, S]`` with heads). PyTorch's
@@ -166,6 +166,71 @@ def make_causal_mask(
         raise ValueError(f"offset must be a scalar, got shape {shape_str(offset)}")
     # [1, S] <= [T, 1] -> [T, S]
     return jnp.arange(key_length)[None, :] <= jnp.arange(query_length)[:, None] + offset
+
+
+def sliding_window(window) -> tuple[int, int] | None:
+    """``local_window`` normalised to ``(left, right)``: an int ``w`` is ``(w, w)``; ``None`` stays ``None``."""
+    if window is None:
+        return None
+    pair = (
+        (window, window) if isinstance(window, int | np.integer) and not isinstance(window, bool) else window
+    )
+    if (
+        not isinstance(pair, tuple | list)
+        or len(pair) != 2
+        or any(isinstance(w, bool) or not isinstance(w, int | np.integer) or w < 0 for w in pair)
+    ):
+        raise ValueError(
+            "local_window must be a non-negative int or a pair (left, right) of non-negative ints "
+            f"(static: it shapes the computation), got {window!r}"
+        )
+    return int(pair[0]), int(pair[1])
+
+
+def sliding_window_mask(
+    query_length: int,
+    key_length: int,
+    window: int | tuple[int, int],
+    *,
+    offset: int | Int[Array, ""] = 0,
+) -> Bool[Array, "T S"]:
+    r"""Sliding-window (local) mask: query ``i`` may attend key ``j`` iff ``i - left <= j <= i + right``.
+
+    .. math:: m_{ij} = [\, i + o - \ell \le j \le i + o + r \,], \qquad (\ell, r) = \mathrm{window},\;
+        o = \mathrm{offset}
+
+    The pattern of ``jax.nn.dot_product_attention(local_window_size=(left, right))`` (Beltagy et al. 2020,
+    "Longformer"; Child et al. 2019): positions are indices along ``T`` and ``S``, top-left aligned like
+    :func:`make_causal_mask`, and an int ``w`` means ``(w, w)``. AND it with :func:`make_causal_mask` for a
+    causal window (``left`` keys back and the query itself); ``dot_product_attention(local_window=...)``
+    applies it without forming this array on its ``"chunked"`` path.
+
+    Args:
+      query_length: ``T`` (static).
+      key_length: ``S`` (static).
+      window: ``(left, right)`` non-negative ints (static), or one int for ``(w, w)``.
+      offset: positions before the first query (a decoding step with a cache), as for
+        :func:`make_causal_mask`; may be traced.
+
+    Returns:
+      boolean ``[T, S]``; broadcasts against ``[..., T, S]`` logits.
+
+    >>> sliding_window_mask(4, 5, (1, 0)).astype(int)
+    Array([[1, 0, 0, 0, 0],
+           [1, 1, 0, 0, 0],
+           [0, 1, 1, 0, 0],
+           [0, 0, 1, 1, 0]], dtype=int32)
+    >>> sliding_window_mask(1, 6, 1, offset=3).astype(int)
+    Array([[0, 0, 1, 1, 1, 0]], dtype=int32)
+    """
+    _check_length("query_length", query_length)
+    _check_length("key_length", key_length)
+    left, right = sliding_window(window)
+    if np.ndim(offset) != 0:
+        raise ValueError(f"offset must be a scalar, got shape {shape_str(offset)}")
+    rows = jnp.arange(query_length)[:, None] + offset  # [T, 1]
+    cols = jnp.arange(key_length)[None, :]  # [1, S]
+    return jnp.logical_and(cols >= rows - left, cols <= rows + right)
 
 
 def combine_masks(*masks: Bool[ArrayLike, "..."] | None) -> Bool[Array, "..."] | None:

@@ -68,22 +68,59 @@ def _partner_any(allowed, axis: int, causal: tuple[int, int] | None) -> Bool[Arr
     return earlier[..., np.minimum(np.arange(t), s - 1)]  # [..., T]
 
 
+def _range_any(x, starts, stops) -> Bool[Array, "... N"]:
+    """``any(x[..., a:b])`` for each static ``(a, b)`` of ``starts``/``stops``, by a prefix count (no ``[N, L]``)."""
+    counts = jnp.cumsum(x.astype(jnp.int32), axis=-1)
+    counts = jnp.concatenate(
+        [jnp.zeros(counts.shape[:-1] + (1,), jnp.int32), counts], axis=-1
+    )  # [..., L + 1]
+    return counts[..., stops] - counts[..., starts] > 0
+
+
+def _band_partner_any(allowed, axis: int, band: tuple[int, int, int, int]) -> Bool[Array, "... L"]:
+    """:func:`_partner_any` over the pairs ``i - left <= j <= i + right`` only, ``band = (T, S, left, right)``.
+
+    Like the causal case, a broadcast axis never widens to ``[T, S]``: a window count along the other axis.
+    """
+    t, s, left, right = band
+    rows, cols = allowed.shape[-2:]
+    if rows > 1 and cols > 1:  # a full [T, S] mask: reduce it with the band
+        i, j = np.arange(t)[:, None], np.arange(s)[None, :]
+        inside = (j >= i - left) & (j <= i + right)
+        return jnp.any(jnp.logical_and(allowed, inside), axis=-2 if axis == -1 else -1)
+    if axis == -1:  # key j is read iff some query i in [j - right, j + left] ∩ [0, T) may attend it
+        if rows == 1:
+            return jnp.logical_and(allowed[..., 0, :], jnp.arange(s) < t + right)  # [..., S]
+        j = np.arange(s)
+        starts = np.clip(j - right, 0, t)
+        return _range_any(allowed[..., :, 0], starts, np.maximum(starts, np.clip(j + left + 1, 0, t)))
+    # query i reads something iff it may attend some key j in [i - left, i + right] ∩ [0, S)
+    if cols == 1:
+        return jnp.logical_and(allowed[..., :, 0], jnp.arange(t) < s + left)  # [..., T]
+    i = np.arange(t)
+    starts = np.clip(i - left, 0, s)
+    return _range_any(allowed[..., 0, :], starts, np.maximum(starts, np.clip(i + right + 1, 0, s)))
+
+
 def live_rows(
     allowed: Bool[Array, "... T S"],
     x_shape: tuple[int, ...],
     axis: int,
     causal: tuple[int, int] | None = None,
+    band: tuple[int, int, int, int] | None = None,
 ) -> Bool[Array, "... L"]:
     """Whether each row of ``x [..., L, F]`` is read: ``axis=-1`` for keys (``L = S``), ``-2`` for queries.
 
     Reduces ``allowed`` over the partner axis (only over ``j <= i`` when ``causal = (T, S)``, top-left aligned)
     and over the batch axes along which ``x`` is broadcast, so the result ``[..., L]`` (axes of size 1 where
-    ``allowed`` broadcasts) selects rows of ``x`` without widening it.
+    ``allowed`` broadcasts) selects rows of ``x`` without widening it. ``band = (T, S, left, right)`` reduces
+    over ``i - left <= j <= i + right`` only instead (a sliding window, causal folded in as ``right = 0``).
     """
     batch = tuple(x_shape[:-2])
     nd = max(allowed.ndim, len(batch) + 2)
     a = jnp.reshape(allowed, (1,) * (nd - allowed.ndim) + tuple(allowed.shape))
-    live = _partner_any(a, axis, causal)  # [1.., *batch-like, L or 1]
+    # [1.., *batch-like, L or 1]
+    live = _band_partner_any(a, axis, band) if band is not None else _partner_any(a, axis, causal)
     x_batch = (1,) * (nd - 2 - len(batch)) + batch
     axes = tuple(i for i in range(nd - 2) if x_batch[i] == 1 and live.shape[i] != 1)
     if axes:
@@ -99,14 +136,28 @@ def zero_rows(x: Float[Array, "... L F"], live: Bool[Array, "... L"] | None) -> 
     return jnp.where(live[..., None], x, jnp.zeros((), x.dtype))
 
 
-def zero_dead_inputs(query, key, value, mask, bias, logits_shape, *, causal: bool):
+def zero_dead_inputs(
+    query, key, value, mask, bias, logits_shape, *, causal: bool, window: tuple[int, int] | None = None
+):
     """``(query, key, value)`` of a dot-product attention with every row the attention never reads zeroed.
 
     With ``causal`` (top-left aligned) the pairs ``j > i`` are forbidden too, so a key read only by padded
-    later queries, or a key ``j >= T``, is zeroed as well.
+    later queries, or a key ``j >= T``, is zeroed as well; with a sliding ``window = (left, right)`` only the
+    pairs ``i - left <= j <= i + right`` are allowed (ANDed with ``causal``).
     """
     allowed = allowed_pairs(mask, bias)
     t, s = logits_shape[-2:]
+    if window is not None:
+        left, right = window[0], 0 if causal else window[1]
+        if allowed is None:
+            if t <= s + left and s <= t + right:
+                return query, key, value  # every query has a key in its window and every key a query
+            allowed = jnp.ones((1, 1), bool)
+        band = (t, s, left, right)
+        live_q = live_rows(allowed, np.shape(query), -2, band=band)
+        live_k = live_rows(allowed, np.shape(key), -1, band=band)
+        live_v = live_rows(allowed, np.shape(value), -1, band=band)
+        return zero_rows(query, live_q), zero_rows(key, live_k), zero_rows(value, live_v)
     if allowed is None:
         if not causal or s <= t:
             return query, key, value  # every row is read

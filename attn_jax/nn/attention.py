@@ -12,7 +12,7 @@ from typing import Literal
 import jax.numpy as jnp
 from flax import nnx
 
-from attn_jax.attention import _additive, _dot_product, _local, _luong, _multihead, _padding
+from attn_jax.attention import _additive, _dot_product, _local, _luong, _masks, _multihead, _padding
 from attn_jax.attention._softmax import attend
 from attn_jax.nn._params import unwrap, wrap
 from attn_jax.typing import Array, Bool, Float, Int
@@ -100,10 +100,16 @@ class AdditiveAttention(nnx.Module):
 
 
 class DotProductAttention(nnx.Module):
-    """Parameter-free scaled dot-product attention ``softmax(QKᵀ·scale)V`` (Vaswani et al., 2017)."""
+    """Parameter-free scaled dot-product attention ``softmax(QKᵀ·scale)V`` (Vaswani et al., 2017).
 
-    def __init__(self, *, scale: float | None = None):
+    ``local_window=(left, right)`` (or one int ``w`` for ``(w, w)``) restricts query ``i`` to keys
+    ``i - left <= j <= i + right`` on every call: sliding-window attention, see
+    ``attn_jax.dot_product_attention``.
+    """
+
+    def __init__(self, *, scale: float | None = None, local_window: int | tuple[int, int] | None = None):
         self.scale = scale
+        self.local_window = _masks.sliding_window(local_window)
 
     def __call__(
         self,
@@ -116,7 +122,13 @@ class DotProductAttention(nnx.Module):
     ):
         """See ``attn_jax.dot_product_attention``."""
         return _dot_product.dot_product_attention(
-            query, key, value, mask, scale=self.scale, return_weights=return_weights
+            query,
+            key,
+            value,
+            mask,
+            scale=self.scale,
+            return_weights=return_weights,
+            local_window=self.local_window,
         )
 
 
