@@ -18,6 +18,10 @@ them to ``--out`` (default ``workdir/eval/<split>``):
     evaluation.json  evaluation.md                  everything: scores, options, checkpoint, timings, pictures
     bleu_by_length.png  attention_<k>.png  attention_<k>_reference.png  attention_<k>_head.png
 
+The PNGs also go to the run's TensorBoard log, ``workdir/tensorboard/eval``, as images tagged
+``eval/<split>/<file name without .png>`` at the evaluated checkpoint's step (unless the run was trained with
+``--config.tensorboard=false``).
+
 Length limit: the same rule and flags as ``attn-jax translate`` (``--max-length``, ``--max-length-ratio``,
 ``--max-length-offset``; by default ``max(T, ⌊2·n⌋ + 10)`` tokens for a source of ``n`` tokens, ``T`` the run's
 ``data.max_target_length``). How many translations stopped at the limit instead of ending with ``</s>`` is
@@ -65,6 +69,7 @@ import json
 import logging
 import math
 import os
+import re
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -374,7 +379,9 @@ def evaluate_workdir(
       ``length_limit`` (``LengthLimitReport.to_dict``: ``stopped_at_limit`` of ``translations``, the rule; and
       ``stopped_indices``, the split's indices of the translations cut),
       ``bleu_options`` (:func:`bleu_options`: tokeniser, detokeniser and language, whether the references look
-      tokenised, and the warning given, if any), ``options``, ``timings``, ``files`` (name -> path) and two
+      tokenised, and the warning given, if any), ``options``, ``timings``, ``files`` (name -> path),
+      ``tensorboard`` (``logdir``, ``step``, ``tags`` of the PNGs added as TensorBoard images; None when the
+      run has ``tensorboard`` off or its directory is read-only, which is logged) and two
       objects for composing multi-system tables:
       ``bleu_by_length_result`` (:class:`attn_jax.eval.BleuByLength`) and ``system_scores``
       (:class:`attn_jax.eval.SystemScores`). ``evaluation.json`` holds the same minus those two objects.
@@ -592,6 +599,7 @@ def evaluate_workdir(
                     title=f"{system}, {split} #{keep[i]} ({note}): reference (red: gold)",
                 )
             )
+    tensorboard = _tensorboard_images(workdir, loaded, split, files, log)
     timings["write_s"] = time.perf_counter() - t0
 
     result: dict[str, Any] = {
@@ -633,6 +641,7 @@ def evaluate_workdir(
         },
         "timings": timings,
         "files": files,
+        "tensorboard": tensorboard,
     }
     md = [
         f"# {system} on {corpus.name} ({split}), checkpoint step {loaded.step}\n",
@@ -666,6 +675,25 @@ def evaluate_workdir(
     result["bleu_by_length_result"] = by_length
     result["system_scores"] = scores
     return result
+
+
+def _tensorboard_images(workdir, loaded, split: str, files: dict[str, str], log) -> dict[str, Any] | None:
+    """Add the evaluation's PNGs to the run's TensorBoard log (``<workdir>/tensorboard/eval``) as images tagged
+    ``eval/<split>/<file stem>`` at the checkpoint's step; None when the run has TensorBoard off."""
+    if not getattr(loaded.config, "tensorboard", True):
+        return None
+    from attn_jax.train import EventWriter
+
+    tag_split = re.sub(r"[^-\w.]", "_", split)  # TensorBoard's tag alphabet: test[:500] -> test__500_
+    pngs = {f"eval/{tag_split}/{os.path.splitext(f)[0]}": p for f, p in files.items() if f.endswith(".png")}
+    logdir = os.path.join(os.fspath(workdir), "tensorboard", "eval")
+    try:
+        with EventWriter(logdir) as w:
+            w.images(loaded.step, pngs)
+    except OSError as e:  # a read-only run directory: the PNGs and tables are written, so say it and go on
+        log(f"warning: TensorBoard images not written to {logdir}: {e}")
+        return None
+    return {"logdir": logdir, "step": loaded.step, "tags": sorted(pngs)}
 
 
 def bleu_flags_problem(bleu_tokenize: str | None, detokenize: str, detokenize_lang: str) -> str | None:
@@ -960,4 +988,7 @@ def run_evaluate(args: argparse.Namespace) -> int:
     if r["system_scores"].aer is not None:
         print(r["system_scores"].aer)
     print(f"\nwritten to {os.path.dirname(r['files']['evaluation.json'])}/")
+    if r["tensorboard"]:
+        tb = r["tensorboard"]
+        print(f"TensorBoard: {len(tb['tags'])} images at step {tb['step']} in {tb['logdir']}/")
     return 0

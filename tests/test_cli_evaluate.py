@@ -147,6 +147,37 @@ def test_heatmaps_are_valid_pngs_of_the_right_size(evaluated):
     assert "![attention_0.png](attention_0.png)" in open(os.path.join(out, "evaluation.md")).read()
 
 
+def test_pngs_are_images_in_the_runs_tensorboard_log(evaluated):
+    """TensorBoard's own reader finds every PNG of the evaluation as an image at the checkpoint's step, at the
+    PNG's size and with its pixels."""
+    import io
+
+    from PIL import Image
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    run, out, r = evaluated
+    logdir = os.path.join(run, "tensorboard", "eval")
+    assert r["tensorboard"]["logdir"] == logdir and r["tensorboard"]["step"] == r["step"] == 1
+    pngs = sorted(f for f in os.listdir(out) if f.endswith(".png"))
+    assert "bleu_by_length.png" in pngs and "attention_0.png" in pngs
+    acc = EventAccumulator(logdir, size_guidance={"images": 0})
+    acc.Reload()
+    assert (
+        sorted(acc.Tags()["images"])
+        == sorted(f"eval/test/{f[:-4]}" for f in pngs)
+        == r["tensorboard"]["tags"]
+    )
+    for f in pngs:
+        (event,) = acc.Images(f"eval/test/{f[:-4]}")
+        assert event.step == r["step"]
+        assert (event.width, event.height) == _png_size(os.path.join(out, f))
+        with (
+            Image.open(io.BytesIO(event.encoded_image_string)) as got,
+            Image.open(os.path.join(out, f)) as want,
+        ):
+            assert np.array_equal(np.asarray(got), np.asarray(want)), f
+
+
 def test_cli_prints_tables_and_fails_in_one_line(evaluated, tmp_path, capsys):
     run, _, r = evaluated
     out = tmp_path / "cli"
