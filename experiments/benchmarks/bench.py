@@ -284,6 +284,20 @@ def measure(
     return Timing(statistics.median(samples), first, len(samples))
 
 
+def compile_attention_pass(jax, fn, impl, arrays, mode: str):
+    """``(compiled, args)``: ``fn(q, k, v, implementation=impl)`` compiled forward (``mode="fwd"``, args
+    ``(q, k, v)``) or as its VJP of ``q, k, v`` against the cotangent (``"fwd+bwd"``, args ``(q, k, v, cot)``);
+    ``arrays`` is ``(q, k, v, cot)``. Shared by row 1 and ``gpu_check.py``."""
+    q, k, v, cot = arrays
+    f = functools.partial(fn, implementation=impl)
+    if mode == "fwd":
+        prog, args = jax.jit(f), (q, k, v)
+    else:
+        prog = jax.jit(lambda q, k, v, cot: jax.vjp(f, q, k, v)[1](cot))
+        args = (q, k, v, cot)
+    return prog.lower(*args).compile(), args
+
+
 def measure_interleaved(ctx: Ctx, calls: dict[str, Callable[[], object]]) -> dict[str, Timing]:
     """Median seconds of each of several already-compiled calls, timed in alternation.
 
@@ -376,14 +390,8 @@ def row_dot_product(ctx: Ctx) -> Section:
                 times: dict[str, float] = {}
                 ready: dict[str, Callable[[], object]] = {}
                 for name, (fn, impl, (a1, a2, a3, cot)) in variants.items():
-                    f = functools.partial(fn, implementation=impl)
-                    if mode == "fwd":
-                        prog, args = jax.jit(f), (a1, a2, a3)
-                    else:
-                        prog = jax.jit(lambda a1, a2, a3, cot, f=f: jax.vjp(f, a1, a2, a3)[1](cot))
-                        args = (a1, a2, a3, cot)
                     try:
-                        compiled = prog.lower(*args).compile()
+                        compiled, args = compile_attention_pass(jax, fn, impl, (a1, a2, a3, cot), mode)
                     except Exception as e:  # cuDNN may refuse a dtype/shape: say so in the cell
                         cells[name] = f"n/a ({type(e).__name__})"
                         continue

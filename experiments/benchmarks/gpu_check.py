@@ -36,7 +36,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
-import functools
 import json
 import os
 import re
@@ -258,14 +257,8 @@ def section_attention(rec: Recorder, sizes: Sizes, peak: float | None) -> None:
                 if (impl == "xla" or (impl is None and path == "xla")) and plain_bytes > ctx.mem_limit:
                     cells[name] = {"note": f"skipped (needs ≥ {bench.fmt_bytes(plain_bytes)})"}
                     continue
-                f = functools.partial(fn, implementation=impl)
-                if mode == "fwd":
-                    prog, args = jax.jit(f), (a1, a2, a3)
-                else:
-                    prog = jax.jit(lambda a1, a2, a3, cot, f=f: jax.vjp(f, a1, a2, a3)[1](cot))
-                    args = (a1, a2, a3, cot)
                 try:
-                    compiled = prog.lower(*args).compile()
+                    compiled, args = bench.compile_attention_pass(jax, fn, impl, (a1, a2, a3, cot), mode)
                 except Exception as e:  # cuDNN refuses some dtypes, shapes and platforms: the cell says so
                     cells[name] = {"note": f"n/a ({type(e).__name__})"}
                     continue
