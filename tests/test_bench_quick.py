@@ -83,11 +83,14 @@ def test_quick_bench_writes_every_row_with_numbers(tmp_path):
                     assert cells[-1] in ("met", "MISSED", "—"), cells
 
     # The numbers that the rows exist for are present and sane.
-    assert re.search(r"\| attn_jax \| ([\d,]+) \| ([\d,]+) \|", cpu)
-    jax_params, torch_params = (
-        re.search(r"\| attn_jax \| ([\d,]+) \|", cpu).group(1),
-        re.search(r"\| PyTorch \| ([\d,]+) \|", cpu).group(1),
-    )
-    assert jax_params == torch_params
+    # Row 4: the written-out peer has attn_jax's parameter count, the fused peer 9n more (second GRU biases).
+    train = _tables(cpu.split(ROW_TITLES[3])[1])[0][1]
+    jax_row = next(r for r in train if r[0] == "attn_jax")
+    written = next(r for r in train if r[0].startswith("PyTorch, paper GRU"))
+    fused = [r for r in train if r[0].startswith("PyTorch, fused")]
+    assert jax_row[2] == written[2]
+    assert "1" in {r[1] for r in fused}
+    hidden = int(re.search(r", n=(\d+),", cpu.split(ROW_TITLES[3])[1]).group(1))
+    assert all(int(r[2].replace(",", "")) == int(jax_row[2].replace(",", "")) + 9 * hidden for r in fused)
     compiles = _tables(cpu.split(ROW_TITLES[5])[1])[0][1]
     assert [c[-1] for c in compiles] == ["met"] * len(compiles), compiles
