@@ -1,4 +1,5 @@
-"""Pure-JAX attention: scorers, masked softmax, dot-product and multi-head attention, masks, positions.
+"""Pure-JAX attention: scorers, masked softmax (or sparsemax, 1.5-entmax), dot-product and multi-head attention,
+masks, positions.
 
 No Flax in here: parameters are plain pytrees (dicts of arrays), every function is jit-, vmap- and grad-able and
 accepts any number of leading batch axes ``[..., T, D]``. The numerics policy is written in ``_softmax.py``.
@@ -51,6 +52,13 @@ from attn_jax.attention._multihead import (
     merge_heads,
     multi_head_attention,
     split_heads,
+)
+from attn_jax.attention._normalizers import (
+    NORMALIZERS,
+    check_normalizer,
+    entmax15,
+    masked_normalize,
+    sparsemax,
 )
 from attn_jax.attention._padding import zero_masked_keys, zero_masked_queries
 from attn_jax.attention._positional import (
@@ -121,4 +129,10 @@ __all__ = [
     "attend",
     "masked_softmax",
     "weighted_context",
+    # sparse normalisers (sparsemax, 1.5-entmax)
+    "NORMALIZERS",
+    "check_normalizer",
+    "entmax15",
+    "masked_normalize",
+    "sparsemax",
 ]

@@ -36,8 +36,8 @@ from attn_jax.attention._checks import (
     shape_str,
 )
 from attn_jax.attention._fused_additive import fused_additive_scores
+from attn_jax.attention._normalizers import attend_normalized, check_normalizer
 from attn_jax.attention._padding import zero_masked_keys, zero_masked_queries
-from attn_jax.attention._softmax import attend
 from attn_jax.typing import Array, Bool, Float, PRNGKeyArray
 
 __all__ = [
@@ -265,6 +265,7 @@ def additive_attention(
     projected_keys: Float[Array, "... S A"] | None = None,
     return_weights: bool = False,
     fused: bool = True,
+    normalizer: str = "softmax",
 ) -> Float[Array, "... T Dv"] | tuple[Float[Array, "... T Dv"], Float[Array, "... T S"]]:
     r"""Bahdanau additive attention: score every key, softmax over the source axis, mix the values.
 
@@ -287,6 +288,9 @@ def additive_attention(
       projected_keys: ``project_keys(params, keys)`` computed once per sentence, ``[..., S, A]``.
       return_weights: also return the float32 weights.
       fused: score with the memory-lean custom-VJP scorer (default); see :func:`additive_scores`.
+      normalizer: ``"softmax"`` (the paper), ``"sparsemax"`` (Martins & Astudillo 2016) or ``"entmax15"``
+        (Peters et al. 2019), which can give source words exactly zero weight; see
+        :func:`attn_jax.masked_normalize`.
 
     Returns:
       context ``[..., T, Dv]`` in ``values``' dtype, or ``(context, weights [..., T, S])``.
@@ -297,6 +301,7 @@ def additive_attention(
     ((5, 6), (5, 7), True)
     """
     _alignment_dim(params)
+    check_normalizer(normalizer)
     given_projection = projected_keys is not None
     if projected_keys is None:
         if keys is None:
@@ -335,7 +340,7 @@ def additive_attention(
     if given_projection:
         projected_keys = zero_masked_keys(projected_keys, mask)
     scores = additive_scores(params, query, projected_keys, fused=fused)
-    context, weights = attend(scores, values, mask)
+    context, weights = attend_normalized(scores, values, mask, normalizer=normalizer)
     return (context, weights) if return_weights else context
 
 
@@ -347,6 +352,7 @@ def additive_attention_step(
     mask: Bool[Array, "... S"] | None = None,
     *,
     fused: bool = True,
+    normalizer: str = "softmax",
 ) -> tuple[Float[Array, "... Dv"], Float[Array, "... S"]]:
     r"""One decoder step of additive attention (one query against all keys), for use inside ``lax.scan``.
 
@@ -365,6 +371,7 @@ def additive_attention_step(
       values: ``[..., S, Dv]`` (the annotations in the paper).
       mask: boolean, broadcastable to ``[..., S]``; True = may attend.
       fused: score with the memory-lean custom-VJP scorer (default) or the plain formula.
+      normalizer: ``"softmax"`` (default), ``"sparsemax"`` or ``"entmax15"``; see :func:`additive_attention`.
 
     Returns:
       ``(context [..., Dv], weights [..., S])``: context in ``values``' dtype, float32 weights.
@@ -393,5 +400,6 @@ def additive_attention_step(
         projected_keys=projected_keys,
         return_weights=True,
         fused=fused,
+        normalizer=normalizer,
     )
     return context[..., 0, :], weights[..., 0, :]

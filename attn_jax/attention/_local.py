@@ -37,8 +37,9 @@ import jax.numpy as jnp
 
 from attn_jax.attention._additive import _positive_int
 from attn_jax.attention._checks import check_broadcastable, check_mask, check_min_rank, shape_str
+from attn_jax.attention._normalizers import check_normalizer, masked_normalize
 from attn_jax.attention._padding import live_rows, zero_rows
-from attn_jax.attention._softmax import masked_softmax, weighted_context
+from attn_jax.attention._softmax import weighted_context
 from attn_jax.typing import Array, Bool, Float, Int, PRNGKeyArray
 
 __all__ = [
@@ -183,6 +184,7 @@ def local_attention(
     mask: Bool[Array, "... T S"] | None = None,
     gaussian: bool,
     return_weights: bool = False,
+    normalizer: str = "softmax",
 ) -> Float[Array, "... T Dv"] | tuple[Float[Array, "... T Dv"], Float[Array, "... T S"]]:
     r"""Luong's local attention: softmax in a ``2D + 1`` window around ``p_t``, optionally Gaussian-weighted.
 
@@ -204,6 +206,9 @@ def local_attention(
       mask: boolean, broadcastable to ``[..., T, S]``; True = may attend. Intersected with the window.
       gaussian: multiply by ``exp(-(s - p_t)² / (2σ²))`` after the softmax (local-p).
       return_weights: also return the float32 weights.
+      normalizer: what normalises inside the window ∩ mask: ``"softmax"`` (Luong's), ``"sparsemax"``
+        (Martins & Astudillo 2016) or ``"entmax15"`` (Peters et al. 2019); the Gaussian multiplies its
+        result alike. See :func:`attn_jax.masked_normalize`.
 
     Returns:
       context ``[..., T, Dv]`` in ``values``' dtype, or ``(context, weights [..., T, S])``.
@@ -215,6 +220,7 @@ def local_attention(
     Array([[0.   , 0.333, 0.333, 0.333, 0.   ]], dtype=float32)
     """
     d = _check_window(window)
+    check_normalizer(normalizer)
     if gaussian and d == 0:
         raise ValueError("gaussian=True needs window >= 1 (σ = window / 2 would be 0)")
     check_min_rank("scores", scores, 2)
@@ -242,7 +248,7 @@ def local_attention(
 
     in_window = local_window_mask(centers, scores_shape[-1], window=d)  # [..., T, S]
     attended = in_window if mask is None else in_window & mask
-    weights = masked_softmax(scores, attended)
+    weights = masked_normalize(scores, attended, normalizer=normalizer)
     # values outside every window and mask may hold anything (padding): 0 · NaN would reach the context
     values = zero_rows(values, live_rows(attended, jnp.shape(values), -1))
     if gaussian:

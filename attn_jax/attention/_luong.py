@@ -20,7 +20,7 @@ import jax.numpy as jnp
 
 from attn_jax.attention._additive import _positive_int, additive_scores, project_keys
 from attn_jax.attention._checks import check_broadcastable, check_mask, check_min_rank, shape_str
-from attn_jax.attention._softmax import attend
+from attn_jax.attention._normalizers import attend_normalized, check_normalizer
 from attn_jax.typing import Array, Bool, Float, PRNGKeyArray
 
 __all__ = [
@@ -218,6 +218,7 @@ def luong_attention(
     mask: Bool[Array, "... T S"] | None = None,
     *,
     return_weights: bool = False,
+    normalizer: str = "softmax",
 ) -> Float[Array, "... T Dv"] | tuple[Float[Array, "... T Dv"], Float[Array, "... T S"]]:
     r"""Global attention from any score: masked softmax over the source axis, then ``c_t = Σ_s a_t(s) h̄_s``.
 
@@ -235,6 +236,8 @@ def luong_attention(
       values: source states ``[..., S, Dv]``.
       mask: boolean, broadcastable to ``[..., T, S]``; True = may attend.
       return_weights: also return the float32 weights.
+      normalizer: ``"softmax"`` (Luong's), ``"sparsemax"`` (Martins & Astudillo 2016) or ``"entmax15"``
+        (Peters et al. 2019), with the same mask policy; see :func:`attn_jax.masked_normalize`.
 
     Returns:
       context ``[..., T, Dv]`` in ``values``' dtype, or ``(context, weights [..., T, S])``.
@@ -244,6 +247,7 @@ def luong_attention(
     Array([[2., 3.],
            [2., 3.]], dtype=float32)
     """
+    check_normalizer(normalizer)
     check_min_rank("scores", scores, 2)
     check_min_rank("values", values, 2)
     if jnp.shape(scores)[-1] != jnp.shape(values)[-2]:
@@ -255,5 +259,6 @@ def luong_attention(
         ["scores batch axes", "values batch axes"], [jnp.shape(scores)[:-2], jnp.shape(values)[:-2]]
     )
     check_mask(mask, tuple(jnp.shape(scores)))
-    context, weights = attend(scores, values, mask)  # zeroes the value rows no query reads
+    # zeroes the value rows no query reads
+    context, weights = attend_normalized(scores, values, mask, normalizer=normalizer)
     return (context, weights) if return_weights else context
