@@ -19,6 +19,7 @@ from jax.custom_derivatives import SymbolicZero
 from attn_jax.attention._checks import (
     check_broadcastable,
     check_floating,
+    check_mask,
     check_min_rank,
     shape_str,
 )
@@ -101,6 +102,7 @@ def dot_product_attention(
     query_lengths: Int[ArrayLike, "..."] | None = None,
     key_lengths: Int[ArrayLike, "..."] | None = None,
     local_window: int | tuple[int, int] | None = None,
+    num_kv_heads: int | None = None,
 ) -> Float[Array, "... T Kv"] | tuple[Float[Array, "... T Kv"], Float[Array, "... T S"]]:
     r"""Scaled dot-product attention ``softmax(QKᵀ/√K + bias) V`` with a boolean mask.
 
@@ -160,6 +162,17 @@ def dot_product_attention(
     window holds no allowed key (``i - left >= S``, or all its window padded) gets the zero context of a fully
     masked row.
 
+    Grouped-query attention (Ainslie et al. 2023, "GQA"; multi-query attention, Shazeer 2019, when
+    ``num_kv_heads=1``): with ``num_kv_heads=G``, axis -3 is the head axis, ``query`` ``[..., H, T, K]`` and
+    ``key``/``value`` ``[..., G, S, K|Kv]`` with ``H % G == 0``, and query head ``h`` reads key/value head
+    ``h // (H / G)`` (consecutive groups of ``H / G`` query heads share one, as in ``jax.nn``'s GQA). Masks,
+    biases and lengths are shaped for the ``H`` query heads (``[..., H|1, T, S]``). The repeated keys and values
+    are never materialised: the queries are viewed as ``[..., G, H/G, T, K]`` and each key/value head broadcasts
+    over its group (a size-1 axis that the products contract without copying), on ``"xla"`` and ``"chunked"``
+    alike; ``"xla"`` differentiates this case by plain autodiff. ``"cudnn"`` refuses it (``ValueError``) and
+    ``None`` never picks it for it (when ``H > G``). ``num_kv_heads=H`` is ordinary multi-head attention, the very same program as
+    ``None``.
+
     Args:
       query: ``[..., T, K]``.
       key: ``[..., S, K]``.
@@ -178,10 +191,12 @@ def dot_product_attention(
       key_lengths: the same for keys and values: key ``j`` may be attended iff ``j < key_lengths``.
       local_window: ``(left, right)`` non-negative ints (static), or one int ``w`` for ``(w, w)``: query ``i``
         may attend key ``j`` only if ``i - left <= j <= i + right``. ``None``: no window.
+      num_kv_heads: ``G``, the key/value heads on axis -3 of ``key`` and ``value`` (grouped-query attention,
+        above); ``None``: ``key``/``value`` batch axes broadcast against ``query``'s as usual.
 
     Returns:
       the context ``[..., T, Kv]`` in ``value``'s dtype, or ``(context, weights [..., T, S] float32)`` when
-      ``return_weights``.
+      ``return_weights`` (with ``num_kv_heads``: ``[..., H, T, Kv]`` and ``[..., H, T, S]``).
 
     Raises:
       ValueError: mismatched widths or lengths, non-broadcasting batch axes, a mask or bias that does not
@@ -189,7 +204,9 @@ def dot_product_attention(
         to the batch axes (the message names the shapes); a ``local_window`` that is not a non-negative int or
         a pair of them; an unknown
         ``implementation``, ``return_weights`` with ``"chunked"``/``"cudnn"``, or ``"cudnn"`` where cuDNN
-        does not apply (no CUDA GPU, float32 inputs, ...; the message says why).
+        does not apply (no CUDA GPU, float32 inputs, grouped-query attention, ...; the message says why); a
+        ``num_kv_heads`` that is not a positive int dividing ``H``, or that ``key``/``value`` do not have on
+        axis -3.
 
     >>> q = jnp.array([[1.0, 0.0]]); k = jnp.array([[1.0, 0.0], [0.0, 1.0]]); v = jnp.array([[1.0], [3.0]])
     >>> dot_product_attention(q, k, v, jnp.array([[True, False]]))
@@ -198,7 +215,25 @@ def dot_product_attention(
     Array([[1.]], dtype=float32)
     >>> dot_product_attention(q, k, v, local_window=(0, 0))  # query 0 sees key 0 only
     Array([[1.]], dtype=float32)
+    >>> dot_product_attention(jnp.ones((4, 3, 2)), jnp.ones((2, 5, 2)), jnp.ones((2, 5, 1)), num_kv_heads=2).shape
+    (4, 3, 1)
     """
+    if num_kv_heads is not None:
+        return _grouped_attention(
+            query,
+            key,
+            value,
+            mask,
+            bias=bias,
+            scale=scale,
+            return_weights=return_weights,
+            causal=causal,
+            implementation=implementation,
+            query_lengths=query_lengths,
+            key_lengths=key_lengths,
+            local_window=local_window,
+            num_kv_heads=num_kv_heads,
+        )
     logits_shape = _check_inputs(query, key, value, mask, bias)
     _check_lengths(query_lengths, key_lengths, logits_shape)
     window = sliding_window(local_window)
@@ -342,6 +377,143 @@ def _plain_attention_jvp(scale, primals, tangents):
 _plain_attention.defjvp(_plain_attention_jvp, symbolic_zeros=True)
 
 
+# --- grouped-query attention: H query heads over G key/value heads, as a broadcast instead of a repeat ----------
+
+
+def _check_kv_heads(query, key, value, num_kv_heads) -> int:
+    """Validate ``num_kv_heads`` against the head axes (-3) of the operands; return the group size ``H / G``."""
+    if isinstance(num_kv_heads, bool) or not isinstance(num_kv_heads, int | np.integer) or num_kv_heads < 1:
+        raise ValueError(f"num_kv_heads must be a positive int (key/value heads), got {num_kv_heads!r}")
+    for name, x in (("query", query), ("key", key), ("value", value)):
+        if np.ndim(x) < 3:
+            raise ValueError(
+                f"num_kv_heads={num_kv_heads} needs a head axis: {name} must be [..., heads, length, width], "
+                f"got shape {shape_str(x)}"
+            )
+    heads = np.shape(query)[-3]
+    for name, x in (("key", key), ("value", value)):
+        if np.shape(x)[-3] != num_kv_heads:
+            raise ValueError(
+                f"num_kv_heads={num_kv_heads} but {name} {shape_str(x)} has {np.shape(x)[-3]} heads on axis -3 "
+                "(key and value are [..., num_kv_heads, S, K])"
+            )
+    if heads % num_kv_heads:
+        raise ValueError(
+            f"num_kv_heads ({num_kv_heads}) must divide the query's heads H ({heads}, axis -3 of query "
+            f"{shape_str(query)}): each key/value head serves H / num_kv_heads query heads"
+        )
+    return heads // num_kv_heads
+
+
+def _grouped_logits_shape(query, key, value, mask, bias) -> tuple[int, ...]:
+    """The ``[..., H, T, S]`` logits shape of a grouped call; raise if ``mask``/``bias`` do not broadcast to it."""
+    batch = check_broadcastable(
+        ["query batch axes", "key batch axes", "value batch axes"],
+        [np.shape(query)[:-3], np.shape(key)[:-3], np.shape(value)[:-3]],
+    )
+    logits_shape = batch + tuple(np.shape(query)[-3:-1]) + (np.shape(key)[-2],)
+    check_mask(mask, logits_shape, what="grouped-query attention logits [..., H, T, S]")
+    if bias is not None:
+        try:
+            widened = tuple(np.broadcast_shapes(np.shape(bias), logits_shape))
+        except ValueError:
+            widened = None
+        if widened != logits_shape:
+            raise ValueError(
+                f"bias of shape {shape_str(np.shape(bias))} does not broadcast to the grouped-query attention "
+                f"logits [..., H, T, S] of shape {shape_str(logits_shape)}"
+            )
+    return logits_shape
+
+
+def _split_head_axis(x, axis: int, groups: int, repeats: int):
+    """Axis ``axis`` (counted from the end) of size ``H`` or 1 becomes ``(G, H/G)`` or ``(1, 1)``; None stays."""
+    if x is None or np.ndim(x) < -axis:
+        return x  # no head axis: it broadcasts over both new axes
+    x = jnp.asarray(x)
+    i = x.ndim + axis
+    split = (groups, repeats) if x.shape[i] != 1 else (1, 1)
+    return jnp.reshape(x, x.shape[:i] + split + x.shape[i + 1 :])
+
+
+def _group_operands(query, key, value, mask, bias, lengths, num_kv_heads, repeats):
+    """Queries ``[..., G, H/G, T, K]``, keys/values ``[..., G, 1, S, K]``; masks, biases, lengths split alike."""
+    query = jnp.asarray(query)
+    query = jnp.reshape(query, query.shape[:-3] + (num_kv_heads, repeats) + query.shape[-2:])
+    key, value = (jnp.expand_dims(jnp.asarray(x), -3) for x in (key, value))  # a size-1 axis: no copy
+    mask, bias = (_split_head_axis(x, -3, num_kv_heads, repeats) for x in (mask, bias))
+    lengths = tuple(_split_head_axis(x, -1, num_kv_heads, repeats) for x in lengths)
+    return query, key, value, mask, bias, lengths
+
+
+_CUDNN_GQA = (
+    "grouped-query attention (num_kv_heads) is not handed to cuDNN here (its key/value heads would have to be "
+    "repeated or the batch re-laid out as [B, T, H, K]); use 'xla' or 'chunked'"
+)
+
+
+def _grouped_attention(
+    query,
+    key,
+    value,
+    mask,
+    *,
+    bias,
+    scale,
+    return_weights,
+    causal,
+    implementation,
+    query_lengths,
+    key_lengths,
+    local_window,
+    num_kv_heads,
+):
+    """:func:`dot_product_attention` with ``num_kv_heads``: group the operands, attend, merge the heads back."""
+    repeats = _check_kv_heads(query, key, value, num_kv_heads)
+    logits_shape = _grouped_logits_shape(query, key, value, mask, bias)
+    _check_lengths(query_lengths, key_lengths, logits_shape)
+    options = dict(scale=scale, return_weights=return_weights, causal=causal, local_window=local_window)
+    if repeats == 1:  # one query head per key/value head: plain multi-head attention, the same program
+        return dot_product_attention(
+            query,
+            key,
+            value,
+            mask,
+            bias=bias,
+            implementation=implementation,
+            query_lengths=query_lengths,
+            key_lengths=key_lengths,
+            **options,
+        )
+    if implementation == "cudnn":
+        raise ValueError(f"implementation='cudnn' does not apply: {_CUDNN_GQA}")
+    q, k, v, m, b, (ql, kl) = _group_operands(
+        query, key, value, mask, bias, (query_lengths, key_lengths), num_kv_heads, repeats
+    )
+    if implementation is None:
+        implementation, _ = _choose_implementation(
+            q,
+            k,
+            v,
+            m,
+            b,
+            logits_shape[:-3] + (num_kv_heads, repeats) + logits_shape[-2:],
+            scale=scale,
+            return_weights=return_weights,
+            causal=causal,
+            window=sliding_window(local_window),
+            grouped=True,
+        )
+    out = dot_product_attention(
+        q, k, v, m, bias=b, implementation=implementation, query_lengths=ql, key_lengths=kl, **options
+    )
+
+    def merge(x):  # [..., G, H/G, T, X] -> [..., H, T, X]
+        return jnp.reshape(x, x.shape[:-4] + (num_kv_heads * repeats,) + x.shape[-2:])
+
+    return (merge(out[0]), merge(out[1])) if return_weights else merge(out)
+
+
 # One head's logits at which None picks "chunked": 64 MiB of float32 logits per head, and the compiled plain
 # backward holds ~4 such [T, S] temporaries under autodiff, 2 (no mask) or 3 (mask) with the custom rule (measured
 # with memory_analysis), so B·H = 32 already needs 4-8 GiB. Below it XLA's fused matmul-softmax beats a loop over
@@ -350,12 +522,23 @@ _CHUNKED_MIN_LOGITS = 4096 * 4096
 
 
 def _choose_implementation(
-    query, key, value, mask, bias, logits_shape, *, scale, return_weights, causal=False, window=None
+    query,
+    key,
+    value,
+    mask,
+    bias,
+    logits_shape,
+    *,
+    scale,
+    return_weights,
+    causal=False,
+    window=None,
+    grouped=False,
 ) -> tuple[Implementation, str | None]:
     """The ``implementation=None`` rule of :func:`dot_product_attention`: ``(choice, why not "cudnn")``."""
     if return_weights:
         return "xla", "return_weights=True needs the weights, which only 'xla' forms"
-    reason = _cudnn_unsupported(query, key, value, bias, logits_shape)
+    reason = _CUDNN_GQA if grouped else _cudnn_unsupported(query, key, value, bias, logits_shape)
     if reason is None and mask is not None:
         reason = (
             "a boolean mask would reach cuDNN as a dense [..., T, S] bias; pass padding as "
@@ -388,6 +571,7 @@ def dot_product_implementation(
     key_lengths: Int[ArrayLike, "..."] | None = None,
     causal: bool = False,
     local_window: int | tuple[int, int] | None = None,
+    num_kv_heads: int | None = None,
 ) -> tuple[Implementation, str | None]:
     r"""Which implementation :func:`dot_product_attention` picks for these operands, and why not cuDNN.
 
@@ -397,7 +581,7 @@ def dot_product_implementation(
 
     Args:
       query, key, value, mask, bias, scale, return_weights, query_lengths, key_lengths, causal,
-        local_window: as for :func:`dot_product_attention` (checked the same way).
+        local_window, num_kv_heads: as for :func:`dot_product_attention` (checked the same way).
 
     Returns:
       ``(implementation, reason)``: ``"xla"``, ``"chunked"`` or ``"cudnn"``, and one line saying why cuDNN
@@ -407,6 +591,26 @@ def dot_product_implementation(
     >>> dot_product_implementation(q, q, q)[1].startswith("it needs a CUDA GPU")  # on a CPU
     True
     """
+    if num_kv_heads is not None and _check_kv_heads(query, key, value, num_kv_heads) > 1:
+        logits_shape = _grouped_logits_shape(query, key, value, mask, bias)
+        _check_lengths(query_lengths, key_lengths, logits_shape)
+        repeats = np.shape(query)[-3] // num_kv_heads
+        query, key, value, mask, bias, _ = _group_operands(
+            query, key, value, mask, bias, (None, None), num_kv_heads, repeats
+        )
+        return _choose_implementation(
+            query,
+            key,
+            value,
+            mask,
+            bias,
+            logits_shape[:-3] + (num_kv_heads, repeats) + logits_shape[-2:],
+            scale=scale,
+            return_weights=return_weights,
+            causal=causal,
+            window=sliding_window(local_window),
+            grouped=True,
+        )
     logits_shape = _check_inputs(query, key, value, mask, bias)
     _check_lengths(query_lengths, key_lengths, logits_shape)
     return _choose_implementation(

@@ -4,12 +4,14 @@ Parameters are a nested dict laid out exactly like ``flax.nnx.MultiHeadAttention
 across in either direction::
 
     {"query": {"kernel": [Dq, H, K], "bias": [H, K]},
-     "key":   {"kernel": [Dk, H, K], "bias": [H, K]},
-     "value": {"kernel": [Dk, H, Kv], "bias": [H, Kv]},
+     "key":   {"kernel": [Dk, G, K], "bias": [G, K]},
+     "value": {"kernel": [Dv, G, Kv], "bias": [G, Kv]},
      "out":   {"kernel": [H, Kv, Do], "bias": [Do]}}
 
 (no ``"bias"`` entries when ``use_bias=False``). The number of heads and their widths are read from the
-kernels.
+kernels. ``G = H`` and ``Dv = Dk`` in Flax's layout; ``G < H`` (``H % G == 0``) is grouped-query attention
+(Ainslie et al. 2023), ``Dv != Dk`` separate key and value inputs of different widths (PyTorch's
+``kdim``/``vdim``).
 """
 
 from __future__ import annotations
@@ -44,15 +46,21 @@ def init_multi_head_params(
     out_features: int | None = None,
     use_bias: bool = True,
     dtype=jnp.float32,
+    value_features: int | None = None,
+    num_kv_heads: int | None = None,
 ) -> dict:
     r"""Initialise multi-head attention parameters (Flax ``nnx.MultiHeadAttention`` layout).
 
-    .. math:: W^Q \in \mathbb{R}^{D_q \times H \times K},\; W^K, W^V \in \mathbb{R}^{D_k \times H \times K},\;
+    .. math:: W^Q \in \mathbb{R}^{D_q \times H \times K},\; W^K \in \mathbb{R}^{D_k \times G \times K},\;
+        W^V \in \mathbb{R}^{D_v \times G \times K},\;
         W^O \in \mathbb{R}^{H \times K \times D_o}, \qquad K = \mathrm{qkv\_features} / H
 
-    Vaswani et al. 2017, §3.2.2. Kernels are LeCun-normal over their fan-in (``D_q``/``D_k`` for the input
-    projections, ``H·K`` for the output one) — truncated normal with variance ``1/fan_in``, Flax's default;
-    biases are zero.
+    Vaswani et al. 2017, §3.2.2. Kernels are LeCun-normal over their fan-in (``D_q``/``D_k``/``D_v`` for the
+    input projections, ``H·K`` for the output one) — truncated normal with variance ``1/fan_in``, Flax's
+    default; biases are zero. ``num_kv_heads = G < H`` gives grouped-query attention (Ainslie et al. 2023,
+    "GQA"; ``G = 1`` is Shazeer 2019's multi-query attention): the key and value projections have ``G`` heads,
+    each shared by ``H / G`` consecutive query heads, so they and a decoder's key/value cache shrink by
+    ``H / G``. With the defaults the draw is exactly the one without these arguments.
 
     Args:
       key: PRNG key.
@@ -65,6 +73,10 @@ def init_multi_head_params(
       out_features: ``D_o``; defaults to ``query_features``.
       use_bias: include bias vectors.
       dtype: parameter dtype.
+      value_features: ``D_v``, width of the values' input when it differs from the keys'
+        (``multi_head_attention(..., inputs_v=...)``, PyTorch's ``vdim``); defaults to ``key_features``.
+      num_kv_heads: ``G``, heads of the key and value projections; must divide ``num_heads``; defaults to
+        ``num_heads`` (ordinary multi-head attention).
 
     Returns:
       the nested param dict described in the module docstring.
@@ -72,19 +84,30 @@ def init_multi_head_params(
     >>> p = init_multi_head_params(jax.random.key(0), 2, 6)
     >>> p["query"]["kernel"].shape, p["out"]["kernel"].shape
     ((6, 2, 3), (2, 3, 6))
+    >>> init_multi_head_params(jax.random.key(0), 4, 8, value_features=5, num_kv_heads=2)["value"]["kernel"].shape
+    (5, 2, 2)
     """
     key_features = query_features if key_features is None else key_features
+    value_features = key_features if value_features is None else value_features
+    num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
     qkv_features = query_features if qkv_features is None else qkv_features
     out_features = query_features if out_features is None else out_features
     for name, n in [
         ("num_heads", num_heads),
         ("query_features", query_features),
         ("key_features", key_features),
+        ("value_features", value_features),
+        ("num_kv_heads", num_kv_heads),
         ("qkv_features", qkv_features),
         ("out_features", out_features),
     ]:
         if isinstance(n, bool) or not isinstance(n, int | np.integer) or n <= 0:
             raise ValueError(f"{name} must be a positive int, got {n!r}")
+    if num_heads % num_kv_heads:
+        raise ValueError(
+            f"num_kv_heads ({num_kv_heads}) must divide num_heads ({num_heads}): each key/value head serves "
+            "num_heads / num_kv_heads query heads"
+        )
     if qkv_features % num_heads:
         raise ValueError(
             f"qkv_features ({qkv_features}) must be divisible by num_heads ({num_heads}) to split into heads"
@@ -92,11 +115,11 @@ def init_multi_head_params(
     head = qkv_features // num_heads
     shapes = {
         "query": (query_features, num_heads, head),
-        "key": (key_features, num_heads, head),
-        "value": (key_features, num_heads, head),
+        "key": (key_features, num_kv_heads, head),
+        "value": (value_features, num_kv_heads, head),
         "out": (num_heads, head, out_features),
     }
-    fan_in = {"query": query_features, "key": key_features, "value": key_features, "out": qkv_features}
+    fan_in = {"query": query_features, "key": key_features, "value": value_features, "out": qkv_features}
     # One draw for all four kernels: every distinct PRNG shape costs an XLA compilation (~1 s on CPU).
     sizes = [int(np.prod(s)) for s in shapes.values()]
     flat = jax.random.truncated_normal(key, -2.0, 2.0, (sum(sizes),), jnp.float32)
@@ -108,7 +131,7 @@ def init_multi_head_params(
         params[name] = {"kernel": (std * piece).reshape(shape).astype(dtype)}
     if use_bias:
         for name in ("query", "key", "value"):
-            params[name]["bias"] = jnp.zeros((num_heads, head), dtype)
+            params[name]["bias"] = jnp.zeros(shapes[name][1:], dtype)
         params["out"]["bias"] = jnp.zeros((out_features,), dtype)
     return params
 
@@ -145,8 +168,8 @@ def merge_heads(x: Float[Array, "... H T K"]) -> Float[Array, "... T HK"]:
     return jnp.reshape(jnp.swapaxes(x, -3, -2), (*batch, t, h * k))
 
 
-def _check_params(params) -> tuple[int, int, int, int, int, int]:
-    """Validate the param dict; return ``(Dq, Dk, H, K, Kv, Do)``."""
+def _check_params(params) -> tuple[int, int, int, int, int, int, int, int]:
+    """Validate the param dict; return ``(Dq, Dk, Dv, H, G, K, Kv, Do)``."""
     if not isinstance(params, dict) or any(
         n not in params or "kernel" not in params[n] for n in _PROJECTIONS
     ):
@@ -156,23 +179,24 @@ def _check_params(params) -> tuple[int, int, int, int, int, int]:
         if np.ndim(w) != 3:
             raise ValueError(f"params['{name}']['kernel'] must have 3 axes, got shape {shape_str(w)}")
     dq, h, k = np.shape(wq)
-    if (
-        np.shape(wk)[1:] != (h, k)
-        or np.shape(wv)[1] != h
-        or np.shape(wo)[0] != h
-        or np.shape(wv)[0] != np.shape(wk)[0]
-    ):
+    g = np.shape(wk)[1]
+    if np.shape(wk)[2] != k or np.shape(wv)[1] != g or np.shape(wo)[0] != h:
         raise ValueError(
-            "inconsistent multi-head kernels: query [Dq, H, K], key [Dk, H, K], value [Dk, H, Kv] and "
+            "inconsistent multi-head kernels: query [Dq, H, K], key [Dk, G, K], value [Dv, G, Kv] and "
             f"out [H, Kv, Do] expected, got query {shape_str(wq)}, key {shape_str(wk)}, "
             f"value {shape_str(wv)}, out {shape_str(wo)}"
+        )
+    if h % g:
+        raise ValueError(
+            f"the key/value kernels' heads (num_kv_heads {g}, key {shape_str(wk)}) must divide the query "
+            f"kernel's heads H ({h}, query {shape_str(wq)})"
         )
     kv = np.shape(wv)[2]
     if np.shape(wo)[1] != kv:
         raise ValueError(
             f"out kernel {shape_str(wo)} must be [H, Kv, Do] with Kv = {kv} from value {shape_str(wv)}"
         )
-    return dq, np.shape(wk)[0], h, k, kv, np.shape(wo)[2]
+    return dq, np.shape(wk)[0], np.shape(wv)[0], h, g, k, kv, np.shape(wo)[2]
 
 
 def _project(x, p, dtype) -> Float[Array, "... H T K"]:
@@ -189,6 +213,7 @@ def multi_head_attention(
     inputs_kv: Float[Array, "... S Dk"] | None = None,
     mask: Bool[Array, "... H T S"] | Bool[Array, "... T S"] | None = None,
     *,
+    inputs_v: Float[Array, "... S Dv"] | None = None,
     scale: float | None = None,
     return_weights: bool = False,
 ) -> Float[Array, "... T Do"] | tuple[Float[Array, "... T Do"], Float[Array, "... H T S"]]:
@@ -198,7 +223,10 @@ def multi_head_attention(
         \quad \mathrm{head}_h = \mathrm{Attention}(X_q W^Q_h, X_{kv} W^K_h, X_{kv} W^V_h)
 
     Vaswani et al. 2017, §3.2.2; equals ``flax.nnx.MultiHeadAttention`` (``decode=False``, no dropout) with
-    the same weights. Projections accumulate in float32 and are stored in the compute dtype (the inputs'
+    the same weights. Key/value kernels with ``G < H`` heads give grouped-query attention (Ainslie et al. 2023;
+    :func:`dot_product_attention` with ``num_kv_heads=G``, the keys and values never repeated); ``inputs_v``
+    gives the values their own input, of its own width (``torch.nn.MultiheadAttention``'s ``kdim``/``vdim``:
+    ``head_h = Attention(X_q W^Q_h, X_k W^K_g, X_v W^V_g)``, ``g = h // (H / G)``). Projections accumulate in float32 and are stored in the compute dtype (the inputs'
     dtype; params are cast to it); logits and softmax are float32 (see :func:`dot_product_attention`).
 
     Mask rank: with ``n`` the rank of the broadcast batch axes plus 2 (``inputs_q.ndim`` when the inputs share
@@ -215,8 +243,11 @@ def multi_head_attention(
     Args:
       params: nested dict (see module docstring), e.g. from :func:`init_multi_head_params`.
       inputs_q: ``[..., T, Dq]``.
-      inputs_kv: ``[..., S, Dk]``; ``None`` means self-attention (``inputs_q``).
+      inputs_kv: ``[..., S, Dk]``, the keys' input, and the values' unless ``inputs_v`` is given; ``None``
+        means self-attention (``inputs_q``).
       mask: boolean, True = may attend: ``[..., T, S]`` or ``[..., H, T, S]`` (broadcastable).
+      inputs_v: ``[..., S, Dv]``, the values' input when it is not ``inputs_kv`` (needs ``inputs_kv``);
+        ``Dv`` must match the value kernel.
       scale: logit multiplier; ``None`` means ``1/√K`` with ``K`` the head width.
       return_weights: also return the per-head float32 weights.
 
@@ -232,12 +263,22 @@ def multi_head_attention(
     >>> multi_head_attention(p, jnp.ones((3, 5, 4)), mask=jnp.ones((3, 5, 5), bool)).shape
     (3, 5, 4)
     """
-    dq, dk, h, _, _, _ = _check_params(params)
+    dq, dk, dv, h, g, _, _, _ = _check_params(params)
+    if inputs_v is not None and inputs_kv is None:
+        raise ValueError("inputs_v (the values' input) needs inputs_kv (the keys' input); got inputs_kv=None")
     inputs_kv = inputs_q if inputs_kv is None else inputs_kv
+    if inputs_v is None and dv != dk:
+        raise ValueError(
+            f"the value kernel {shape_str(params['value']['kernel'])} expects inputs of width {dv} but the key "
+            f"kernel {shape_str(params['key']['kernel'])} expects {dk}: pass the values' input as inputs_v"
+        )
+    inputs_v = inputs_kv if inputs_v is None else inputs_v
     check_min_rank("inputs_q", inputs_q, 2)
     check_min_rank("inputs_kv", inputs_kv, 2)
+    check_min_rank("inputs_v", inputs_v, 2)
     check_floating("inputs_q", inputs_q)
     check_floating("inputs_kv", inputs_kv)
+    check_floating("inputs_v", inputs_v)
     if np.shape(inputs_q)[-1] != dq:
         raise ValueError(
             f"inputs_q {shape_str(inputs_q)} has width {np.shape(inputs_q)[-1]} but the query kernel "
@@ -248,8 +289,19 @@ def multi_head_attention(
             f"inputs_kv {shape_str(inputs_kv)} has width {np.shape(inputs_kv)[-1]} but the key/value kernels "
             f"{shape_str(params['key']['kernel'])} expect {dk}"
         )
+    if np.shape(inputs_v)[-1] != dv:
+        raise ValueError(
+            f"inputs_v {shape_str(inputs_v)} has width {np.shape(inputs_v)[-1]} but the value kernel "
+            f"{shape_str(params['value']['kernel'])} expects {dv}"
+        )
+    if np.shape(inputs_v)[-2] != np.shape(inputs_kv)[-2]:
+        raise ValueError(
+            f"inputs_v {shape_str(inputs_v)} and inputs_kv {shape_str(inputs_kv)} must have the same length S "
+            "(axis -2): one value per key"
+        )
     batch = check_broadcastable(
-        ["inputs_q batch axes", "inputs_kv batch axes"], [np.shape(inputs_q)[:-2], np.shape(inputs_kv)[:-2]]
+        ["inputs_q batch axes", "inputs_kv batch axes", "inputs_v batch axes"],
+        [np.shape(inputs_q)[:-2], np.shape(inputs_kv)[:-2], np.shape(inputs_v)[:-2]],
     )
     logits_shape = (*batch, h, np.shape(inputs_q)[-2], np.shape(inputs_kv)[-2])
     if mask is not None:
@@ -270,11 +322,14 @@ def multi_head_attention(
         per_pair = jnp.any(jnp.asarray(mask), axis=-3)  # [..., T, S]
         inputs_q = zero_rows(inputs_q, live_rows(per_pair, np.shape(inputs_q), -2))
         inputs_kv = zero_rows(inputs_kv, live_rows(per_pair, np.shape(inputs_kv), -1))
-    dtype = jnp.result_type(inputs_q, inputs_kv)
+        inputs_v = zero_rows(inputs_v, live_rows(per_pair, np.shape(inputs_v), -1))
+    dtype = jnp.result_type(inputs_q, inputs_kv, inputs_v)
     q = _project(inputs_q, params["query"], dtype)  # [..., H, T, K]
-    k = _project(inputs_kv, params["key"], dtype)  # [..., H, S, K]
-    v = _project(inputs_kv, params["value"], dtype)  # [..., H, S, Kv]
-    context, weights = dot_product_attention(q, k, v, mask, scale=scale, return_weights=True)
+    k = _project(inputs_kv, params["key"], dtype)  # [..., G, S, K]
+    v = _project(inputs_v, params["value"], dtype)  # [..., G, S, Kv]
+    context, weights = dot_product_attention(
+        q, k, v, mask, scale=scale, return_weights=True, num_kv_heads=None if g == h else g
+    )
     out = jnp.einsum(
         "...htk,hko->...to",
         context,
@@ -292,7 +347,7 @@ def multi_head_attention(
 # position embeddings on the projected queries/keys, or a decoder's key/value cache (see
 # ``attn_jax.models.transformer``). ``multi_head_attention`` is exactly
 # ``project_output(out, dot_product_attention(project_heads(query, x_q), project_heads(key, x_kv),
-# project_heads(value, x_kv), mask))``.
+# project_heads(value, x_v), mask))`` (with ``num_kv_heads=G`` when the key/value kernels have ``G < H`` heads).
 
 
 def project_heads(params: dict, x: Float[Array, "... T D"]) -> Float[Array, "... H T K"]:

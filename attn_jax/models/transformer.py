@@ -38,8 +38,11 @@ Choices where the paper is silent or this code departs from it:
 
 Incremental decoding (:meth:`Transformer.decode_step`): :meth:`Transformer.encode` runs the encoder once and
 precomputes every decoder layer's cross-attention keys and values; the decoder state holds each layer's
-self-attention keys and values of the positions decoded so far in a static ``[B, L_dec, H, C, K]`` buffer
-(``C`` = ``cache_length``, default ``max_length``) and the next position. A step projects only the new
+self-attention keys and values of the positions decoded so far in a static ``[B, L_dec, G, C, K]`` buffer
+(``C`` = ``cache_length``, default ``max_length``; ``G`` = ``num_kv_heads``, ``H`` by default) and the next
+position. With grouped-query attention (Ainslie et al. 2023, ``num_kv_heads = G < H``) every attention's key
+and value projections have ``G`` heads, each shared by ``H / G`` query heads, so this cache and the
+precomputed cross-attention keys/values are ``H / G`` times smaller. A step projects only the new
 position, writes its key/value into slot ``t`` and attends the buffer under the length mask ``j ≤ t``, so no
 earlier position is recomputed: a step costs the projections of one position plus ``O(C·d)`` of masked
 attention per layer (static shapes for ``jit``), instead of re-running the decoder over the whole prefix. Decoding past ``C`` positions cannot be right, so it returns NaN
@@ -108,6 +111,9 @@ class TransformerConfig:
       arch: always ``"transformer"`` (so ``config.arch`` dispatches like :class:`~attn_jax.models.RNNConfig`).
       d_model: ``d``, the width of embeddings and of the residual stream (paper: 512).
       heads: ``H`` (paper: 8); ``d_model`` must be divisible by it (head width ``K = d / H``).
+      num_kv_heads: ``G``, the key/value heads of every attention (grouped-query attention, Ainslie et al.
+        2023; ``1`` is multi-query attention): must divide ``heads``; ``0`` (the default) means ``heads``,
+        ordinary multi-head attention.
       d_ff: inner width of the position-wise FFN (paper: 2048).
       encoder_layers, decoder_layers: ``N`` of each stack (paper: 6 and 6).
       dropout: ``P_drop`` on embeddings and sub-layer outputs, in ``[0, 1)`` (paper: 0.1).
@@ -129,6 +135,7 @@ class TransformerConfig:
     arch: Literal["transformer"] = "transformer"
     d_model: int = 512
     heads: int = 8
+    num_kv_heads: int = 0
     d_ff: int = 2048
     encoder_layers: int = 6
     decoder_layers: int = 6
@@ -159,6 +166,12 @@ class TransformerConfig:
         if self.d_model % self.heads:
             raise ValueError(
                 f"transformer config: d_model ({self.d_model}) must be divisible by heads ({self.heads})"
+            )
+        g = self.num_kv_heads
+        if isinstance(g, bool) or not isinstance(g, int | np.integer) or g < 0 or (g and self.heads % g):
+            raise ValueError(
+                f"transformer config: num_kv_heads must be 0 (= heads) or a positive int dividing heads "
+                f"({self.heads}), got {g!r}"
             )
         if (
             isinstance(self.dropout, bool)
@@ -192,6 +205,11 @@ class TransformerConfig:
     def head_dim(self) -> int:
         """``K = d_model / heads``."""
         return self.d_model // self.heads
+
+    @property
+    def kv_heads(self) -> int:
+        """``G``, the key/value heads: ``num_kv_heads``, or ``heads`` when it is 0."""
+        return self.num_kv_heads or self.heads
 
     def replace(self, **changes) -> TransformerConfig:
         """A copy with ``changes`` applied (validated again)."""
@@ -250,14 +268,14 @@ class TransformerDecoderState(NamedTuple):
     """The incremental decoder's state between steps (batch-leading, static shapes).
 
     Attributes:
-      keys: ``[B, L_dec, H, C, K]`` self-attention keys of the positions decoded so far, per decoder layer
-        (RoPE already applied); slots ``≥ position`` are unused.
-      values: ``[B, L_dec, H, C, K]`` the matching values.
+      keys: ``[B, L_dec, G, C, K]`` self-attention keys of the positions decoded so far, per decoder layer
+        (RoPE already applied; ``G`` = the config's ``kv_heads``); slots ``≥ position`` are unused.
+      values: ``[B, L_dec, G, C, K]`` the matching values.
       position: ``[B]`` int32, the index of the next target position (0 before BOS is fed).
     """
 
-    keys: Float[Array, "B Ld H C K"]
-    values: Float[Array, "B Ld H C K"]
+    keys: Float[Array, "B Ld G C K"]
+    values: Float[Array, "B Ld G C K"]
     position: Int[Array, " B"]
 
 
@@ -311,12 +329,18 @@ def _dropout(x: Array, rate: float, keep: Bool[Array, "..."] | None) -> Array:
 def _attend_heads(
     p_out: dict,
     q: Float[Array, "B H T K"],
-    k: Float[Array, "B H S K"],
-    v: Float[Array, "B H S K"],
+    k: Float[Array, "B G S K"],
+    v: Float[Array, "B G S K"],
     mask: Bool[Array, "..."],
 ) -> tuple[Float[Array, "B T D"], Float[Array, "B H T S"]]:
-    """Scaled dot-product attention per head, then ``Concat(heads) W^O``: ``(out, weights)``."""
-    ctx, weights = dot_product_attention(q, k, v, mask, return_weights=True)
+    """Scaled dot-product attention per head, then ``Concat(heads) W^O``: ``(out, weights)``.
+
+    ``G < H`` key/value heads: grouped-query attention, each shared by ``H / G`` query heads (never repeated).
+    """
+    groups = k.shape[-3]
+    ctx, weights = dot_product_attention(
+        q, k, v, mask, return_weights=True, num_kv_heads=None if groups == q.shape[-3] else groups
+    )
     return project_output(p_out, ctx), weights
 
 
@@ -324,7 +348,7 @@ def _self_attention(
     p: dict, x: Float[Array, "B T D"], mask: Bool[Array, "..."], rope: bool
 ) -> tuple[Float[Array, "B T D"], Float[Array, "B H T T"]]:
     """Multi-head self-attention over all positions of ``x`` (RoPE on queries and keys when ``rope``)."""
-    q, k, v = (project_heads(p[n], x) for n in _QKV)  # [B, H, T, K] each
+    q, k, v = (project_heads(p[n], x) for n in _QKV)  # [B, H, T, K], [B, G, T, K], [B, G, T, K]
     if rope:
         q, k = rotary_embedding(q), rotary_embedding(k)
     return _attend_heads(p["out"], q, k, v, mask)
@@ -474,7 +498,7 @@ class Transformer(nnx.Module):
             x = _layer_norm(unwrap(self.encoder_norm), x)
         memory = jnp.where(src_mask[..., None], x, 0.0).astype(dtype)  # zero at padding
         cross = unwrap(self.decoder)["cross_attention"]
-        # Every decoder layer's cross-attention keys and values, once per source batch: [B, L_dec, H, S, K].
+        # Every decoder layer's cross-attention keys and values, once per source batch: [B, L_dec, G, S, K].
         k, v = (
             jax.vmap(project_heads, in_axes=(0, None), out_axes=1)(cross[n], memory) for n in ("key", "value")
         )
@@ -485,7 +509,7 @@ class Transformer(nnx.Module):
         """Run the encoder once; precompute every decoder layer's cross-attention keys and values.
 
         Returns an :class:`~attn_jax.models.interface.EncoderOutput` with ``memory`` ``[B, S, D]`` (the
-        encoder output in the compute dtype, zero at padding), ``keys`` ``[B, L_dec, 2, H, S, K]`` (``keys[:,
+        encoder output in the compute dtype, zero at padding), ``keys`` ``[B, L_dec, 2, G, S, K]`` (``keys[:,
         l, 0]`` layer ``l``'s cross-attention keys, ``keys[:, l, 1]`` its values; one batch-leading array so
         ``repeat_batch``/``gather_batch`` tile it for beam search), ``mask`` and ``summary=None``.
         """
@@ -535,7 +559,7 @@ class Transformer(nnx.Module):
         ):
             raise ValueError(f"cache_length must be a positive int, got {cache_length!r}")
         batch = enc.mask.shape[0]
-        shape = (batch, c.decoder_layers, c.heads, int(cache_length), c.head_dim)
+        shape = (batch, c.decoder_layers, c.kv_heads, int(cache_length), c.head_dim)
         zeros = jnp.zeros(shape, jnp.dtype(c.dtype))
         return TransformerDecoderState(keys=zeros, values=zeros, position=jnp.zeros((batch,), jnp.int32))
 
@@ -552,10 +576,10 @@ class Transformer(nnx.Module):
         batch = enc.mask.shape[0]
         check_tokens("prev_tokens", prev_tokens, batch, rank=1)
         capacity = state.keys.shape[3]
-        if state.keys.shape != (batch, c.decoder_layers, c.heads, capacity, c.head_dim):
+        if state.keys.shape != (batch, c.decoder_layers, c.kv_heads, capacity, c.head_dim):
             raise ValueError(
-                f"state.keys has shape {list(state.keys.shape)}, expected [B, L_dec, H, C, K] = "
-                f"{[batch, c.decoder_layers, c.heads, capacity, c.head_dim]}"
+                f"state.keys has shape {list(state.keys.shape)}, expected [B, L_dec, G, C, K] = "
+                f"{[batch, c.decoder_layers, c.kv_heads, capacity, c.head_dim]}"
             )
         pos = state.position  # [B]
         positions = self.tgt_positions[...] if self.tgt_positions is not None else None
@@ -566,10 +590,10 @@ class Transformer(nnx.Module):
         rope = c.positions == "rope"
 
         def layer(y, xs):
-            p, kv, cache_k, cache_v = xs  # cache: [B, H, C, K]
+            p, kv, cache_k, cache_v = xs  # cache: [B, G, C, K]
 
             def self_attention(pa, h):
-                q, k, v = (project_heads(pa[n], h) for n in _QKV)  # [B, H, 1, K]
+                q, k, v = (project_heads(pa[n], h) for n in _QKV)  # [B, H, 1, K], [B, G, 1, K], [B, G, 1, K]
                 if rope:
                     q = rotary_embedding(q, pos[:, None, None])
                     k = rotary_embedding(k, pos[:, None, None])
@@ -647,7 +671,7 @@ class Transformer(nnx.Module):
 def _decoder_layer(c: TransformerConfig, p, y, self_attention, kv, cross_mask, dtype, keep, with_aux=False):
     """Self-attention (``self_attention(p, h) -> ((out, aux), w)`` or ``(out, w)``), cross-attention, FFN.
 
-    ``kv`` is the layer's precomputed ``[B, 2, H, S, K]`` cross keys/values. Returns ``(y, cross weights
+    ``kv`` is the layer's precomputed ``[B, 2, G, S, K]`` cross keys/values. Returns ``(y, cross weights
     [B, H, T, S])``, plus the self-attention's aux when ``with_aux``.
     """
 
@@ -724,7 +748,9 @@ def _init_params(key, c: TransformerConfig) -> dict:
     pd, d, f = jnp.dtype(c.param_dtype), c.d_model, c.d_ff
     n_enc, n_dec = c.encoder_layers, c.decoder_layers
     k_attn, k_dense, k_pos = jax.random.split(key, 3)
-    attn = jax.vmap(lambda k: init_multi_head_params(k, c.heads, d, dtype=pd))(
+    # num_kv_heads=None when it is H: the very draw of ordinary multi-head attention
+    kv_heads = None if c.kv_heads == c.heads else c.kv_heads
+    attn = jax.vmap(lambda k: init_multi_head_params(k, c.heads, d, dtype=pd, num_kv_heads=kv_heads))(
         jax.random.split(k_attn, n_enc + 2 * n_dec)
     )
 

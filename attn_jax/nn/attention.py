@@ -13,7 +13,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from attn_jax.attention import _additive, _dot_product, _local, _luong, _masks, _multihead, _padding
-from attn_jax.attention._softmax import attend
+from attn_jax.attention._normalizers import attend_normalized, check_normalizer
 from attn_jax.nn._params import unwrap, wrap
 from attn_jax.typing import Array, Bool, Float, Int
 
@@ -24,7 +24,8 @@ class AdditiveAttention(nnx.Module):
     ``project_keys`` once per source sentence, then ``step`` (one query, inside a scan) or ``__call__`` (all queries).
     ``fused=True`` (the default) scores with ``attn_jax.fused_additive_scores``, whose backward recomputes the tanh
     instead of saving a ``[..., T, S, A]`` tensor (one ``[B, S, A]`` per step of a decoder scan); ``fused=False`` is
-    the plain autodiff of the formula (use it for forward-mode ``jax.jvp``).
+    the plain autodiff of the formula (use it for forward-mode ``jax.jvp``). ``normalizer`` turns the scores into
+    weights: ``"softmax"`` (default), ``"sparsemax"`` or ``"entmax15"`` (``attn_jax.masked_normalize``).
     """
 
     def __init__(
@@ -37,10 +38,12 @@ class AdditiveAttention(nnx.Module):
         normalize: bool = False,
         fused: bool = True,
         init: str = "fan_in",
+        normalizer: str = "softmax",
         param_dtype=jnp.float32,
         rngs: nnx.Rngs,
     ):
         self.fused = fused
+        self.normalizer = check_normalizer(normalizer)
         params = _additive.init_additive_params(
             rngs.params(),
             query_features,
@@ -84,6 +87,7 @@ class AdditiveAttention(nnx.Module):
             projected_keys=projected_keys,
             return_weights=return_weights,
             fused=self.fused,
+            normalizer=self.normalizer,
         )
 
     def step(
@@ -95,7 +99,13 @@ class AdditiveAttention(nnx.Module):
     ) -> tuple[Float[Array, "... Dv"], Float[Array, "... S"]]:
         """One decoder step: ``(context, weights)`` for a single query against all keys."""
         return _additive.additive_attention_step(
-            unwrap(self.params), query, projected_keys, values, mask, fused=self.fused
+            unwrap(self.params),
+            query,
+            projected_keys,
+            values,
+            mask,
+            fused=self.fused,
+            normalizer=self.normalizer,
         )
 
 
@@ -141,7 +151,9 @@ class LuongAttention(nnx.Module):
     ``local=None`` is global attention; ``"m"`` is local-m (centre p_t = t, window ``±window``); ``"p"`` is local-p
     (predicted centre p_t = (S − 1)·sigmoid(v_pᵀ tanh(W_p h_t)) with S the true source length, 0-indexed; the
     paper's S·sigmoid is for 1-indexed positions; Gaussian weighting with σ = window/2).
-    The score is chosen once, here; the call path is a plain function per score.
+    The score is chosen once, here; the call path is a plain function per score. ``normalizer`` turns the scores
+    into weights (inside the window for local attention): ``"softmax"`` (default), ``"sparsemax"`` or
+    ``"entmax15"`` (``attn_jax.masked_normalize``).
     """
 
     def __init__(
@@ -154,9 +166,11 @@ class LuongAttention(nnx.Module):
         max_source_length: int | None = None,
         local: Literal["m", "p"] | None = None,
         window: int = 10,
+        normalizer: str = "softmax",
         param_dtype=jnp.float32,
         rngs: nnx.Rngs,
     ):
+        self.normalizer = check_normalizer(normalizer)
         if score not in ("dot", "general", "concat", "location"):
             raise ValueError(f"LuongAttention score must be dot, general, concat or location, got {score!r}")
         if local not in (None, "m", "p"):
@@ -236,7 +250,7 @@ class LuongAttention(nnx.Module):
         values = _padding.zero_masked_keys(values, mask)
         scores = self.scores(query, keys)
         if self.local is None:
-            ctx, w = attend(scores, values, mask)
+            ctx, w = attend_normalized(scores, values, mask, normalizer=self.normalizer)
         else:
             S, T = keys.shape[-2], query.shape[-2]
             lengths = jnp.full(keys.shape[:-2], S) if source_lengths is None else source_lengths
@@ -256,6 +270,7 @@ class LuongAttention(nnx.Module):
                 mask=mask,
                 gaussian=self.local == "p",
                 return_weights=True,
+                normalizer=self.normalizer,
             )
         return (ctx, w) if return_weights else ctx
 
@@ -263,7 +278,10 @@ class LuongAttention(nnx.Module):
 class MultiHeadAttention(nnx.Module):
     """Multi-head attention (Vaswani et al., 2017) over ``attn_jax.multi_head_attention``; self or cross.
 
-    Kernels: query/key/value ``[D, H, K]`` (logical ``embed, heads, kv``), output ``[H, K, D]``.
+    Kernels: query ``[D, H, K]``, key/value ``[D, G, K]`` (logical ``embed, heads, kv``), output ``[H, K, D]``.
+    ``num_kv_heads=G < H`` is grouped-query attention (Ainslie et al., 2023; ``G = 1`` multi-query), the key and
+    value projections shrinking by ``H / G``; ``value_features`` gives the values an input of their own width,
+    passed as ``inputs_v`` (PyTorch's ``kdim``/``vdim``).
     """
 
     def __init__(
@@ -274,6 +292,8 @@ class MultiHeadAttention(nnx.Module):
         kv_features: int | None = None,
         qkv_features: int | None = None,
         out_features: int | None = None,
+        value_features: int | None = None,
+        num_kv_heads: int | None = None,
         use_bias: bool = True,
         param_dtype=jnp.float32,
         rngs: nnx.Rngs,
@@ -287,6 +307,8 @@ class MultiHeadAttention(nnx.Module):
             out_features=out_features,
             use_bias=use_bias,
             dtype=param_dtype,
+            value_features=value_features,
+            num_kv_heads=num_kv_heads,
         )
         proj = {"kernel": ("embed", "heads", "kv"), "bias": ("heads", "kv")}
         names = {
@@ -304,9 +326,11 @@ class MultiHeadAttention(nnx.Module):
         inputs_kv: Float[Array, "... S Dk"] | None = None,
         mask: Bool[Array, "... T S"] | None = None,
         *,
+        inputs_v: Float[Array, "... S Dv"] | None = None,
         return_weights: bool = False,
     ):
-        """Self-attention when ``inputs_kv`` is None; see ``attn_jax.multi_head_attention``."""
+        """Self-attention when ``inputs_kv`` is None; ``inputs_v``: the values' own input (see
+        ``attn_jax.multi_head_attention``)."""
         return _multihead.multi_head_attention(
-            unwrap(self.params), inputs_q, inputs_kv, mask, return_weights=return_weights
+            unwrap(self.params), inputs_q, inputs_kv, mask, inputs_v=inputs_v, return_weights=return_weights
         )

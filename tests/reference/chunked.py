@@ -50,3 +50,31 @@ def attention_grads_ref(query, key, value, d_out, mask=None, bias=None, scale=No
         _unbroadcast(dv, v.shape),
         dbias,
     )
+
+
+def gqa_attention_grads_ref(query, key, value, d_out, num_kv_heads, mask=None, scale=None):
+    """``(dq, dk, dv)`` of ``Σ d_out · gqa_attention(q, k, v)`` in float64, one query head at a time.
+
+    Query head ``h`` reads key/value head ``g = h // (H / G)``, so ``dk[g]`` and ``dv[g]`` are the sums of the
+    :func:`attention_grads_ref` of the ``H / G`` heads of group ``g``; ``mask`` is ``[..., T, S]`` or
+    ``[..., H|1, T, S]``.
+    """
+    q, k, v, g_out = (np.asarray(x, np.float64) for x in (query, key, value, d_out))
+    heads = q.shape[-3]
+    per_group = heads // num_kv_heads
+    dq = np.zeros(np.broadcast_shapes(q.shape, g_out.shape[:-1] + q.shape[-1:]))
+    dk, dv = np.zeros(k.shape), np.zeros(v.shape)
+    for h in range(heads):
+        g = h // per_group
+        m = None
+        if mask is not None:
+            m = np.asarray(mask)
+            if m.ndim >= 3:
+                m = np.take(m, 0 if m.shape[-3] == 1 else h, axis=-3)
+        dq_h, dk_h, dv_h, _ = attention_grads_ref(
+            q[..., h, :, :], k[..., g, :, :], v[..., g, :, :], g_out[..., h, :, :], m, scale=scale
+        )
+        dq[..., h, :, :] = dq_h
+        dk[..., g, :, :] += dk_h
+        dv[..., g, :, :] += dv_h
+    return dq, dk, dv

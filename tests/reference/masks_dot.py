@@ -123,3 +123,63 @@ def rope_ref(x, positions=None, base=10000.0, interleaved=True):
             out[idx + (a,)] = c * x[idx + (a,)] - s * x[idx + (b,)]
             out[idx + (b,)] = s * x[idx + (a,)] + c * x[idx + (b,)]
     return out
+
+
+def gqa_attention_ref(query, key, value, num_kv_heads, mask=None, scale=None):
+    """``(context [..., H, T, Kv], weights [..., H, T, S])`` of grouped-query attention, one query head at a time.
+
+    Query head ``h`` of ``[..., H, T, K]`` attends key/value head ``h // (H / G)`` of ``[..., G, S, K|Kv]``
+    (Ainslie et al. 2023); ``mask`` is ``[..., T, S]`` or ``[..., H|1, T, S]``.
+    """
+    q, k, v = (np.asarray(x, np.float64) for x in (query, key, value))
+    heads = q.shape[-3]
+    per_group = heads // num_kv_heads
+    contexts, weights = [], []
+    for h in range(heads):
+        g = h // per_group
+        m = None
+        if mask is not None:
+            m = np.asarray(mask)
+            if m.ndim >= 3:
+                m = np.take(m, 0 if m.shape[-3] == 1 else h, axis=-3)
+        ctx, w = dot_attention_ref(q[..., h, :, :], k[..., g, :, :], v[..., g, :, :], m, scale=scale)
+        contexts.append(ctx)
+        weights.append(w)
+    return np.stack(contexts, axis=-3), np.stack(weights, axis=-3)
+
+
+def multi_head_gqa_ref(params, inputs_q, inputs_k, inputs_v, mask=None, scale=None):
+    """``(out, weights [..., H, T, S])`` of multi-head attention with ``G`` key/value heads and separate key and
+    value inputs: query head ``h`` uses key/value projection ``h // (H / G)``; heads concatenated, projected.
+
+    ``params`` as ``init_multi_head_params`` (key kernel ``[Dk, G, K]``, value kernel ``[Dv, G, Kv]``); ``mask``
+    ``[..., T, S]`` or ``[..., H, T, S]``.
+    """
+    p = {n: {k: np.asarray(v, np.float64) for k, v in d.items()} for n, d in params.items()}
+    heads, groups = p["query"]["kernel"].shape[1], p["key"]["kernel"].shape[1]
+
+    def project(name, x, h):
+        bias = p[name]["bias"][h] if "bias" in p[name] else None
+        return _linear_ref(x, p[name]["kernel"][:, h, :], bias)
+
+    contexts, weights = [], []
+    for h in range(heads):
+        g = h // (heads // groups)
+        m = None
+        if mask is not None:
+            m = np.asarray(mask)
+            if m.ndim == np.ndim(inputs_q) + 1:
+                m = np.take(m, 0 if m.shape[-3] == 1 else h, axis=-3)
+        ctx, w = dot_attention_ref(
+            project("query", inputs_q, h),
+            project("key", inputs_k, g),
+            project("value", inputs_v, g),
+            m,
+            scale=scale,
+        )
+        contexts.append(ctx)
+        weights.append(w)
+    concat = np.concatenate(contexts, axis=-1)  # [..., T, H·Kv], head-major like the out kernel [H, Kv, Do]
+    wo = p["out"]["kernel"]
+    out = _linear_ref(concat, wo.reshape(wo.shape[0] * wo.shape[1], wo.shape[2]), p["out"].get("bias"))
+    return out, np.stack(weights, axis=-3)
