@@ -24,7 +24,9 @@ def _state(path: str):
         return hashlib.sha256(f.read()).hexdigest(), os.stat(path).st_mtime_ns
 
 
-@pytest.mark.slow
+# heavy (make test-all): a fresh interpreter compiling every section's programs at tiny sizes, 50-80 s of the two
+# CI cores for a script meant for a GPU; the section-keeping writer below stays in make test.
+@pytest.mark.heavy
 def test_without_a_gpu_it_says_so_checks_every_section_and_writes_nothing():
     before = _state(RESULTS), _state(JSON)
     # The test session's environment pins JAX to the CPU (tests/conftest.py), as on a machine without a GPU.

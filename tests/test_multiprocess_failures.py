@@ -102,7 +102,7 @@ def test_a_peer_that_never_starts_is_named_after_the_timeout(tmp_path):
     print(f"process 0 alone exited with 4 after {took:.1f} s")
 
 
-@pytest.mark.slow
+@pytest.mark.heavy  # make test-all: the same timeout path as a peer that never starts, seen from the other side
 def test_a_coordinator_that_never_starts_is_named_after_the_timeout(tmp_path):
     port, timeout = _free_port(), 5
     code, out, err = _finish(_start(tmp_path, port, 1, f"--distributed-timeout={timeout}"), 60)
@@ -113,7 +113,10 @@ def test_a_coordinator_that_never_starts_is_named_after_the_timeout(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("victim", [1, 0], ids=["process-1", "the-coordinator"])
+# Killing the coordinator instead is the same detection path, minutes of two-process compiling more: make test-all.
+@pytest.mark.parametrize(
+    "victim", [1, pytest.param(0, marks=pytest.mark.heavy)], ids=["process-1", "the-coordinator"]
+)
 def test_a_peer_killed_mid_run_is_named_by_the_survivor(tmp_path, victim):
     port = _free_port()
     # The runtime's own heartbeat timeout (60 s) is far off: the survivor must not wait for it.
