@@ -9,6 +9,11 @@
     attn-jax data --tfds wmt14_translate/fr-en --source-key en --target-key fr --split validation
 
 Prints pairs per split, a source-length histogram, vocabulary sizes and an example pair with its alignment.
+The built-in corpus and ``--tfds`` datasets live in a TFDS data directory: ``--data-dir`` (the trainer's
+``data.data_dir``), else TFDS's own, ``$TFDS_DATA_DIR`` or ``~/tensorflow_datasets``. The built-in corpus is
+built there on first use (``default``: about 39 MB); stderr says first which directory is read or written, then
+how many bytes were written or that an existing copy was reused. TFDS's and TensorFlow's own logs and progress
+bars are kept off the output unless ``--verbose``.
 ``{split}`` in ``--src``/``--tgt``/``--tsv`` stands for the split name, as in the trainer's
 ``data.source_path``/``target_path``/``tsv_path``: without ``--split`` every split whose files exist is read
 (train, validation/valid/dev, test, then the others); ``--split validation`` reads ``valid`` or ``dev`` when
@@ -21,7 +26,11 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
+import logging
+import os
+import re
 import sys
+import threading
 
 _HIST_EDGES = (0, 10, 20, 30, 40, 50, 60)
 _SPLIT = "{split}"  # in a file path: the split name, as in the trainer's data.source_path
@@ -53,7 +62,13 @@ def add_data_parser(subparsers) -> argparse.ArgumentParser:
         default="default",
         help="config of the built-in corpus: default, small or tiny (default: %(default)s)",
     )
-    p.add_argument("--data-dir", default=None, help="TFDS data directory (default: TFDS's own)")
+    p.add_argument(
+        "--data-dir",
+        metavar="DIR",
+        default=None,
+        help="TFDS data directory the built-in corpus is built in and --tfds read from, as the trainer's "
+        "data.data_dir (default: $TFDS_DATA_DIR, else ~/tensorflow_datasets)",
+    )
     p.add_argument(
         "--split",
         action="append",
@@ -72,6 +87,12 @@ def add_data_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument(
         "--example", type=int, default=0, help="index of the example pair to print (default: %(default)s)"
     )
+    p.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="show TFDS's and TensorFlow's own logs and progress bars (on stderr)",
+    )
     p.set_defaults(func=run_data)
     return p
 
@@ -79,6 +100,103 @@ def add_data_parser(subparsers) -> argparse.ArgumentParser:
 def _error(message: str, status: int = 1) -> int:
     print(f"attn-jax data: error: {' '.join(str(message).split())}", file=sys.stderr)
     return status
+
+
+def _say(message: str) -> None:
+    print(f"attn-jax data: {message}", file=sys.stderr, flush=True)
+
+
+def _size(n: int) -> str:
+    """``39.2 MB (39,178,240 bytes)``."""
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit} ({n:,} bytes)"
+    return f"{n:,} bytes"
+
+
+def _origin(data_dir: str | None, where) -> str:
+    """Why the data directory is the one it is, and how to choose another."""
+    if data_dir is not None:
+        return f"data dir {where.data_dir}, from --data-dir"
+    env = os.environ.get("TFDS_DATA_DIR")
+    why = "$TFDS_DATA_DIR" if env else "TFDS's default"
+    return f"data dir {where.data_dir}, {why}; --data-dir DIR to choose"
+
+
+# TensorFlow's C++ log lines (absl/glog format: I1201 22:52:04.123456  4242 port.cc:153] ...) and the
+# warning absl prints before its first one; TF 2.21 writes them at import, before it reads TF_CPP_MIN_LOG_LEVEL.
+# Only INFO/WARNING lines are dropped: E and F lines still reach stderr.
+_CPP_NOISE = re.compile(
+    rb"^(?:[IW]\d{4} [\d:.]+ +\d+ [^ \]]+:\d+\] |WARNING: All log messages before absl::InitializeLog\(\)"
+    rb"|To enable the following instructions: )"
+)
+
+
+@contextlib.contextmanager
+def _filter_fd2():
+    """Drop TensorFlow's C++ INFO/WARNING lines, which bypass Python and write to file descriptor 2."""
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+    except (OSError, ValueError):  # no real stderr (an embedding host): nothing to filter
+        yield
+        return
+    read_end, write_end = os.pipe()
+    os.dup2(write_end, 2)
+    os.close(write_end)
+
+    def pump() -> None:
+        with os.fdopen(read_end, "rb") as lines:
+            for line in lines:
+                if not _CPP_NOISE.match(line):
+                    with contextlib.suppress(OSError):  # stderr closed under us: nowhere left to say it
+                        os.write(saved, line)
+
+    thread = threading.Thread(target=pump, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        with contextlib.suppress(OSError, ValueError):
+            sys.stderr.flush()
+        os.dup2(saved, 2)  # closes the pipe's last write end: the pump reads to the end and stops
+        thread.join(timeout=10)
+        os.close(saved)
+
+
+@contextlib.contextmanager
+def _third_party_output(verbose: bool):
+    """TFDS's prints and INFO logs, its progress bars and TensorFlow's C++ logs: on stderr with ``verbose``,
+    else dropped (this command says itself where the data are and what was written). Warnings and errors of
+    Python loggers and C++ errors still reach stderr."""
+    absl = logging.getLogger("absl")
+    level, handler = absl.level, None
+    if verbose:
+        if not absl.hasHandlers():  # absl's INFO lines reach stderr only through a handler
+            handler = logging.StreamHandler(sys.stderr)
+            absl.addHandler(handler)
+        absl.setLevel(logging.INFO)
+        # TFDS reports building on stdout; keep stdout for the statistics.
+        with contextlib.redirect_stdout(sys.stderr):
+            try:
+                yield
+            finally:
+                absl.setLevel(level)
+                if handler is not None:
+                    absl.removeHandler(handler)
+        return
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's own knob; set before it is imported
+    from tensorflow_datasets.core.utils import tqdm_utils
+
+    bars = tqdm_utils._active  # no public getter; restored below for callers in the same process
+    tqdm_utils.display_progress_bar(False)
+    absl.setLevel(logging.WARNING)
+    try:
+        with open(os.devnull, "w") as devnull, contextlib.redirect_stdout(devnull), _filter_fd2():
+            yield
+    finally:
+        absl.setLevel(level)
+        tqdm_utils.display_progress_bar(bars)
 
 
 def _load(args) -> tuple[str, dict]:
@@ -96,6 +214,8 @@ def _load(args) -> tuple[str, dict]:
             [args.tsv], args.split, lambda s: data.read_tsv_corpus(data.split_path(args.tsv, s))
         )
     if args.tfds is not None:
+        where = data.prepare_tfds_dataset(args.tfds, data_dir=args.data_dir)
+        _say(f"reading {args.tfds} from {where.path} ({_origin(args.data_dir, where)})")
         splits = args.split or _tfds_splits(args.tfds, args.data_dir)
         corpora = {
             s: data.load_tfds_corpus(
@@ -111,7 +231,16 @@ def _load(args) -> tuple[str, dict]:
         return args.tfds, corpora
     splits = args.split or ["train", "validation", "test"]
     name = f"attn_jax_synthetic/{args.config}"
-    return name, {s: data.load_synthetic_corpus(s, args.config, data_dir=args.data_dir) for s in splits}
+    where = data.prepare_tfds_dataset(name, data_dir=args.data_dir)
+    origin = _origin(args.data_dir, where)
+    if where.prepared:
+        _say(f"reusing {name} prepared in {where.path} ({_size(where.bytes)}; {origin}); nothing written")
+    else:
+        _say(f"building {name} in {where.path} ({origin})")
+        where = data.prepare_tfds_dataset(name, data_dir=where.data_dir, build=True)
+        _say(f"wrote {_size(where.bytes)} to {where.path}")
+    corpora = {s: data.load_synthetic_corpus(s, args.config, data_dir=where.data_dir) for s in splits}
+    return f"{name} (data_dir: {where.data_dir})", corpora
 
 
 def _file_splits(patterns: list[str], asked: list[str] | None, read) -> dict:
@@ -233,12 +362,12 @@ def run_data(args: argparse.Namespace) -> int:
     from attn_jax.data import CorpusError
 
     try:
-        # TFDS reports building on stdout; keep stdout for the statistics.
-        with contextlib.redirect_stdout(sys.stderr):
+        if args.src is None and args.tsv is None:  # TFDS: the built-in corpus or --tfds
+            with _third_party_output(args.verbose):
+                title, corpora = _load(args)
+        else:
             title, corpora = _load(args)
     except CorpusError as e:
         return _error(str(e))
-    if args.data_dir is not None and args.tfds is None and args.src is None and args.tsv is None:
-        title += f" (data_dir: {args.data_dir})"
     _print_stats(title, corpora, args.vocab_size, args.example)
     return 0

@@ -267,6 +267,90 @@ def _text(value) -> str:
     return value.decode("utf-8") if isinstance(value, bytes) else str(value)
 
 
+@dataclasses.dataclass(frozen=True)
+class TfdsLocation:
+    """Where a TFDS dataset lives on disk, as :func:`prepare_tfds_dataset` found or built it.
+
+    Attributes:
+      name: the TFDS name with config, e.g. ``"attn_jax_synthetic/tiny"``.
+      data_dir: the data directory (the root holding every dataset), absolute.
+      path: this dataset's directory, ``<data_dir>/<name>/<config>/<version>``.
+      prepared: whether the dataset is prepared there (after building, when asked to build).
+      built: whether this call prepared it (and so wrote ``bytes`` bytes).
+      bytes: size on disk of ``path`` (0 when not prepared).
+    """
+
+    name: str
+    data_dir: str
+    path: str
+    prepared: bool
+    built: bool
+    bytes: int
+
+
+def _tree_bytes(path: str) -> int:
+    return sum(os.path.getsize(os.path.join(root, f)) for root, _, files in os.walk(path) for f in files)
+
+
+def _tfds_builder(name: str, data_dir: str | os.PathLike | None):
+    import tensorflow_datasets as tfds
+
+    import attn_jax.data._tfds_synthetic  # noqa: F401  registers attn_jax_synthetic
+
+    if data_dir is not None:
+        data_dir = os.path.abspath(os.path.expanduser(os.fspath(data_dir)))
+    try:
+        return tfds.builder(name, data_dir=data_dir)
+    except Exception as e:  # TFDS raises DatasetNotFoundError and friends with multi-line messages
+        raise CorpusError(f"{name}: unknown TFDS dataset ({str(e).splitlines()[0]})") from None
+
+
+def _download_and_prepare(builder, name: str) -> None:
+    try:
+        builder.download_and_prepare()
+    except ModuleNotFoundError as e:
+        raise CorpusError(
+            f"{name}: preparing needs the missing module {e.name!r} (pip install importlib-resources; "
+            "tensorflow/datasets#11212)"
+        ) from None
+
+
+def prepare_tfds_dataset(
+    name: str, *, data_dir: str | os.PathLike | None = None, build: bool = False
+) -> TfdsLocation:
+    """Find a TFDS dataset's directory and, with ``build``, prepare it there if it is not yet.
+
+    Call it before :func:`load_tfds_corpus` to say where a dataset is read from or written to, and how much was
+    written: ``attn-jax data`` prints both before its statistics.
+
+    Args:
+      name: TFDS name with config, e.g. ``"attn_jax_synthetic/tiny"``.
+      data_dir: TFDS data directory; None: TFDS's, ``$TFDS_DATA_DIR`` or ``~/tensorflow_datasets`` (or
+        another directory TFDS knows that already holds the dataset). ``~`` is expanded.
+      build: prepare the dataset when it is not (needs internet for real datasets; the built-in corpus builds
+        offline).
+
+    Returns:
+      The :class:`TfdsLocation`. Raises :class:`CorpusError` for an unknown dataset.
+    """
+    builder = _tfds_builder(name, data_dir)
+    # builder.is_prepared() would log a warning for a directory that does not exist yet
+    prepared = (builder.data_path / "dataset_info.json").exists()
+    built = build and not prepared
+    if built:
+        _download_and_prepare(builder, name)
+        prepared = True
+    path = os.fspath(builder.data_path)
+    return TfdsLocation(
+        name=name,
+        data_dir=os.fspath(builder.data_dir_root),
+        path=path,
+        prepared=prepared,
+        built=built,
+        bytes=_tree_bytes(path) if prepared else 0,
+    )
+
+
 def load_tfds_corpus(
     name: str,
     split: str,
@@ -289,7 +373,7 @@ def load_tfds_corpus(
       source_key: feature holding the source text; default: the first of the dataset's ``supervised_keys``.
       target_key: feature holding the target text; default: the second of ``supervised_keys``.
       alignment_key: feature holding gold Pharaoh alignments, if any; default ``"alignment"`` when present.
-      data_dir: TFDS data directory (default: TFDS's, ``~/tensorflow_datasets`` or ``$TFDS_DATA_DIR``).
+      data_dir: TFDS data directory (default: TFDS's, ``$TFDS_DATA_DIR`` or ``~/tensorflow_datasets``).
       download: prepare the dataset first if it is not (needs internet for real datasets).
       max_examples: read at most this many pairs (before skipping empty ones).
 
@@ -298,12 +382,7 @@ def load_tfds_corpus(
     """
     import tensorflow_datasets as tfds  # lazy: TFDS (and TensorFlow when reading) only on this path
 
-    import attn_jax.data._tfds_synthetic  # noqa: F401  registers attn_jax_synthetic
-
-    try:
-        builder = tfds.builder(name, data_dir=os.fspath(data_dir) if data_dir is not None else None)
-    except Exception as e:  # TFDS raises DatasetNotFoundError and friends with multi-line messages
-        raise CorpusError(f"{name}: unknown TFDS dataset ({str(e).splitlines()[0]})") from None
+    builder = _tfds_builder(name, data_dir)
     features = builder.info.features
     keys = list(features.keys()) if hasattr(features, "keys") else []
     supervised = builder.info.supervised_keys
@@ -324,13 +403,7 @@ def load_tfds_corpus(
         if key is not None and key not in keys:
             raise CorpusError(f"{name}: no feature {key!r}; features are {keys}")
     if download:
-        try:
-            builder.download_and_prepare()
-        except ModuleNotFoundError as e:
-            raise CorpusError(
-                f"{name}: preparing needs the missing module {e.name!r} (pip install importlib-resources; "
-                "tensorflow/datasets#11212)"
-            ) from None
+        _download_and_prepare(builder, name)
     try:
         ds = builder.as_dataset(split=split, shuffle_files=False)
     except AssertionError:  # TFDS asserts that the data were prepared
