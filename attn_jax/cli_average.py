@@ -70,7 +70,7 @@ def _error(message: str, status: int = 1) -> int:
 
 def run_average(args: argparse.Namespace) -> int:
     """Run ``attn-jax average`` with parsed arguments; returns the exit status."""
-    from attn_jax.cli_translate import quiet_checkpoint_logs
+    from attn_jax.pipeline import quiet_checkpoint_logs
     from attn_jax.train import (
         AverageError,
         average_checkpoints,

@@ -43,10 +43,10 @@ Length limit: a translation of a source of ``n`` tokens may have at most ``max(T
 the longest target the run trained on (``data.max_target_length``), so no sentence gets less room than the
 training targets had; ``--max-length-ratio`` and ``--max-length-offset`` change 2 and 10, ``--max-length N``
 gives every sentence ``N`` tokens instead (a Transformer cannot exceed its decoder's ``model.max_length``
-positions). ``attn-jax evaluate`` takes the same flags and derives the same limit (:func:`length_limit`). A
-translation cut at the limit (its ``</s>`` forced where the model wanted another word) is never silent: stderr
-says ``attn-jax translate: warning: N of M translations stopped at the length limit (...) instead of ending
-with </s>: raise --max-length or --max-length-ratio``.
+positions). ``attn-jax evaluate`` takes the same flags and derives the same limit
+(``attn_jax.pipeline.length_limit``). A translation cut at the limit (its ``</s>`` forced where the model wanted
+another word) is never silent: stderr says ``attn-jax translate: warning: N of M translations stopped at the
+length limit (...) instead of ending with </s>: raise --max-length or --max-length-ratio``.
 
 Unknown words: the shortlist vocabularies map rare words to ``<unk>``, and the model may produce ``<unk>``. By
 default it is passed through as the literal token ``<unk>`` (the paper's setting; BLEU counts it as a wrong
@@ -69,86 +69,36 @@ import os
 import select
 import stat
 import sys
-from collections.abc import Callable, Iterator, Sequence
-from typing import Any, NamedTuple
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 import numpy as np
 
+from attn_jax.pipeline import (
+    LengthLimitReport,
+    LoadedModel,
+    TranslateError,
+    Translation,
+    decode_progress,
+    length_flags_problem,
+    length_limit,
+    length_limit_report,
+    load_model,
+    merge_length_limit_reports,
+    quiet_checkpoint_logs,
+    translate_sentences,
+)
+
 __all__ = [
-    "LengthLimitReport",
     "LineStream",
-    "LoadedModel",
-    "TranslateError",
-    "Translation",
     "add_length_limit_flags",
     "add_translate_parser",
-    "length_limit",
-    "length_limit_report",
-    "load_model",
-    "merge_length_limit_reports",
-    "model_length_cap",
+    "format_translations",
+    "parse_checkpoint",
     "run_translate",
+    "split_lines",
     "stream_fd",
-    "translate_sentences",
 ]
-
-UNK_TOKEN = "<unk>"
-_MIN_WIDTH = 16  # padded source widths are powers of two from here: few compiled shapes
-
-
-class TranslateError(ValueError):
-    """A run cannot be loaded or an input cannot be translated; the message is one line."""
-
-
-class LoadedModel(NamedTuple):
-    """A trained model restored from a run directory, with its vocabularies and config."""
-
-    model: Any  # flax.nnx.Module with the step interface
-    src_vocab: Any  # attn_jax.data.Vocabulary
-    tgt_vocab: Any
-    config: Any  # ml_collections.ConfigDict of the run
-    step: int
-    workdir: str
-    note: str = ""  # one line when another checkpoint than the one asked for was loaded (print it)
-
-
-class Translation(NamedTuple):
-    """One hypothesis for one source sentence.
-
-    Attributes:
-      text: the translation (``<unk>`` replaced when asked).
-      tokens: its target tokens (words for word-level vocabularies), without ``</s>``.
-      ids: the target token ids, without ``</s>``.
-      score: normalised beam score ``log P / lp + cp``.
-      log_prob: ``log P(Y | X)`` including ``</s>``.
-      attention: ``[m + 1, n + 1]`` float32 weights (rows: ``m`` target tokens then ``</s>``; columns: ``n``
-        source tokens then ``</s>``), or None for a model without attention.
-      source_tokens: the ``n`` source tokens.
-      truncated: True when the hypothesis stopped at its length limit, its ``</s>`` forced where the model's
-        most probable next token was another word (``attn_jax.decoding.BeamResult.truncated``).
-      limit: the most tokens (without ``</s>``) this sentence could have: :func:`length_limit`'s rule, cut to
-        what the model can produce (:func:`model_length_cap`); None for a blank line (nothing decoded).
-    """
-
-    text: str
-    tokens: list[str]
-    ids: list[int]
-    score: float
-    log_prob: float
-    attention: np.ndarray | None
-    source_tokens: list[str]
-    truncated: bool = False
-    limit: int | None = None
-
-    def alignment(self) -> str:
-        """Pharaoh ``i-j`` links: each target token ``j`` to its most-attended source token ``i`` (no ``</s>``)."""
-        if self.attention is None or not self.tokens or not self.source_tokens:
-            return ""
-        w = self.attention[: len(self.tokens), : len(self.source_tokens)]
-        return " ".join(f"{int(np.argmax(w[j]))}-{j}" for j in range(w.shape[0]) if w[j].max() > 0)
-
-
-# ------------------------------------------------------------------------------------------------ loading
 
 
 def parse_checkpoint(value: str) -> str | int:
@@ -158,397 +108,6 @@ def parse_checkpoint(value: str) -> str | int:
     if value.isdigit():
         return int(value)
     raise argparse.ArgumentTypeError(f"expected best, last or a step number, got {value!r}")
-
-
-def load_model(workdir: str | os.PathLike, checkpoint: str | int = "best") -> LoadedModel:
-    """Restore the model of a training run: its checkpoint (``best``, ``last`` or a step), vocabularies, config.
-
-    ``best`` falls back to the latest finished checkpoint when none of the kept ones has validation metrics
-    (a run stopped before its first evaluation), and ``best``/``last`` to the next best/newest checkpoint that
-    loads when theirs cannot be read (a truncated or deleted file); :attr:`LoadedModel.note` then says so, for
-    the caller to print.
-
-    Raises:
-      TranslateError: no such workdir, no (such) checkpoint, none that can be read (or the step asked for
-        cannot be), missing vocabularies or an unusable config.
-    """
-    import ml_collections
-
-    from attn_jax import data
-    from attn_jax.train import CheckpointUnreadable, build_module, load_checkpoint, model_config
-
-    workdir = os.fspath(workdir)
-    if not os.path.isdir(workdir):
-        raise TranslateError(f"{workdir}: no such run directory")
-    ckpt_dir = os.path.join(workdir, "checkpoints")
-    steps = (
-        sorted(
-            int(d) for d in os.listdir(ckpt_dir) if d.isdigit() and os.path.isdir(os.path.join(ckpt_dir, d))
-        )
-        if os.path.isdir(ckpt_dir)
-        else []
-    )
-    if not steps:
-        raise TranslateError(f"{workdir}: no checkpoint (expected {ckpt_dir}/<step>; train first)")
-    if isinstance(checkpoint, int) and checkpoint not in steps:
-        raise TranslateError(f"{workdir}: no checkpoint at step {checkpoint} (kept: {steps})")
-    try:
-        step = checkpoint if isinstance(checkpoint, int) else None
-        restored = load_checkpoint(workdir, step, best=checkpoint == "best")
-    except (FileNotFoundError, CheckpointUnreadable) as e:
-        raise TranslateError(str(e)) from None
-    try:
-        src_vocab, tgt_vocab = data.load_vocabularies(os.path.join(workdir, "vocab"))
-    except (ValueError, OSError) as e:
-        raise TranslateError(f"{workdir}: cannot read the vocabularies: {e}") from None
-    config = ml_collections.ConfigDict(restored.config)
-    try:
-        model = build_module(model_config(config, src_vocab.size, tgt_vocab.size), restored.state["params"])
-    except (ValueError, KeyError, TypeError) as e:
-        raise TranslateError(f"{workdir}: checkpoint {restored.step} does not fit its config: {e}") from None
-    return LoadedModel(model, src_vocab, tgt_vocab, config, int(restored.step), workdir, restored.note)
-
-
-# ------------------------------------------------------------------------------------------- length limit
-
-
-def length_limit(
-    config,
-    *,
-    max_length: int | None = None,
-    max_length_ratio: float | None = None,
-    max_length_offset: int | None = None,
-):
-    """The decoding length limit of a run, the one rule ``attn-jax translate`` and ``evaluate`` share.
-
-    ``max(T, ⌊ratio · n⌋ + offset)`` target tokens (without ``</s>``) for a source of ``n`` tokens, with ``T``
-    the longest target the run trained on (``config.data.max_target_length``; 0 when it sets none or
-    ``config`` is None), ``ratio`` 2 and ``offset`` 10 unless given; ``max_length`` instead gives every
-    sentence that many tokens (and cannot be combined with a ratio or an offset).
-
-    Returns:
-      An ``attn_jax.decoding.LengthLimit``.
-
-    Raises:
-      TranslateError: a value out of range, or ``max_length`` together with a ratio or an offset.
-    """
-    from attn_jax.decoding import DEFAULT_MAX_LENGTH_OFFSET, DEFAULT_MAX_LENGTH_RATIO, LengthLimit
-
-    problem = length_flags_problem(max_length, max_length_ratio, max_length_offset)
-    if problem:
-        raise TranslateError(problem)
-    if max_length is not None:
-        return LengthLimit.fixed(max_length)
-    data = getattr(config, "data", None) if config is not None else None
-    trained = data.get("max_target_length") if data is not None else None
-    return LengthLimit(
-        int(trained or 0),
-        DEFAULT_MAX_LENGTH_RATIO if max_length_ratio is None else float(max_length_ratio),
-        DEFAULT_MAX_LENGTH_OFFSET if max_length_offset is None else int(max_length_offset),
-    ).check()
-
-
-def length_flags_problem(
-    max_length: int | None, max_length_ratio: float | None, max_length_offset: int | None
-) -> str | None:
-    """What is wrong with the length flags, in one line, or None (checked before a run is loaded: exit 2)."""
-    if max_length is not None and (max_length_ratio is not None or max_length_offset is not None):
-        return (
-            "give --max-length (the same limit for every sentence) or --max-length-ratio/--max-length-offset "
-            "(a limit that grows with the source), not both"
-        )
-    if max_length is not None and max_length < 1:
-        return f"--max-length must be >= 1, got {max_length}"
-    if max_length_ratio is not None and not (math.isfinite(max_length_ratio) and max_length_ratio >= 0):
-        return f"--max-length-ratio must be a finite number >= 0, got {max_length_ratio}"
-    if max_length_offset is not None and max_length_offset < 0:
-        return f"--max-length-offset must be >= 0, got {max_length_offset}"
-    if max_length_ratio == 0 and max_length_offset == 0:
-        return "--max-length-ratio 0 with --max-length-offset 0 leaves no room; use --max-length N"
-    return None
-
-
-def model_length_cap(model) -> int | None:
-    """The most target tokens (with ``</s>``) a model can produce: a Transformer's decoder cache holds
-    ``model.config.max_length`` positions; None for a model without such a bound (the RNNs)."""
-    cap = getattr(getattr(model, "config", None), "max_length", None)
-    return int(cap) if cap else None
-
-
-class LengthLimitReport(NamedTuple):
-    """How many translations the length limit cut, for stderr, ``summary.json`` and the reports.
-
-    Attributes:
-      rule: the ``attn_jax.decoding.LengthLimit`` asked for.
-      translations: sentences decoded (blank lines are not).
-      stopped: of those, how many best translations stopped at their limit instead of ending with ``</s>``.
-      shortest, longest: the smallest and largest limit the sentences had (tokens without ``</s>``).
-      model_cap: the most tokens (without ``</s>``) the model can produce, when it cut the rule's limit for
-        some sentence (a Transformer's ``model.max_length``); None otherwise.
-    """
-
-    rule: Any
-    translations: int
-    stopped: int
-    shortest: int | None
-    longest: int | None
-    model_cap: int | None
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready: ``stopped_at_limit`` of ``translations``, the rule (``minimum``, ``ratio``, ``offset``
-        and in words), the smallest and largest limit applied (tokens without ``</s>``) and ``model_cap``."""
-        return {
-            "stopped_at_limit": self.stopped,
-            "translations": self.translations,
-            "fraction_stopped": self.stopped / self.translations if self.translations else 0.0,
-            "rule": self.rule.describe(),
-            "minimum": self.rule.minimum,
-            "ratio": self.rule.ratio,
-            "offset": self.rule.offset,
-            "shortest_limit": self.shortest,
-            "longest_limit": self.longest,
-            "model_cap": self.model_cap,
-        }
-
-    def describe_limit(self) -> str:
-        """The limit as applied: ``'26 tokens'``, or the rule with the range it gave (``'...; 16-40 here'``)."""
-        text = self.rule.describe()
-        if self.shortest is not None and not self.rule.is_fixed:
-            here = f"{self.shortest}" if self.shortest == self.longest else f"{self.shortest}-{self.longest}"
-            text += f", {here} here"
-        if self.model_cap is not None:
-            text += f", at most {self.model_cap} for this model (its decoder holds {self.model_cap + 1} positions)"
-        return text
-
-    def message(self) -> str | None:
-        """The warning line for stderr (without the command's prefix), or None when nothing was cut."""
-        if not self.stopped:
-            return None
-        advice = "raise --max-length or --max-length-ratio"
-        if self.model_cap is not None:
-            advice += f" (the model stops at {self.model_cap} tokens whatever the flags)"
-        return (
-            f"{self.stopped} of {self.translations} translations stopped at the length limit "
-            f"({self.describe_limit()}) instead of ending with </s>: {advice}"
-        )
-
-
-def length_limit_report(loaded: LoadedModel, sentences: Sequence[str], results, rule) -> LengthLimitReport:
-    """Count the best translations of :func:`translate_sentences` that stopped at their length limit."""
-    decoded = [hyps[0] for hyps in results if hyps and hyps[0].limit is not None]
-    limits = [h.limit for h in decoded]
-    cap = model_length_cap(loaded.model)
-    capped = None
-    if cap is not None:
-        wanted = max(
-            (rule.tokens(len(loaded.src_vocab.encode(s))) for s in sentences if s.split()), default=0
-        )
-        capped = cap - 1 if wanted > cap - 1 else None
-    return LengthLimitReport(
-        rule,
-        len(decoded),
-        sum(h.truncated for h in decoded),
-        min(limits, default=None),
-        max(limits, default=None),
-        capped,
-    )
-
-
-def merge_length_limit_reports(a: LengthLimitReport | None, b: LengthLimitReport) -> LengthLimitReport:
-    """The report of two groups of sentences from the reports of each (``a`` None: ``b``): streamed input is
-    translated a batch at a time and its length-limit summary given once, at the end."""
-    if a is None:
-        return b
-
-    def pick(f, x, y):
-        return x if y is None else y if x is None else f(x, y)
-
-    return LengthLimitReport(
-        a.rule,
-        a.translations + b.translations,
-        a.stopped + b.stopped,
-        pick(min, a.shortest, b.shortest),
-        pick(max, a.longest, b.longest),
-        pick(max, a.model_cap, b.model_cap),
-    )
-
-
-# ----------------------------------------------------------------------------------------------- decoding
-
-
-def padded_width(tokens: int) -> int:
-    """The padded length for ``tokens`` positions: a power of two, at least 16 (few compiled shapes)."""
-    return max(_MIN_WIDTH, 1 << max(0, tokens - 1).bit_length())
-
-
-def length_batches(lengths: Sequence[int], batch_size: int) -> list[tuple[list[int], int, int]]:
-    """Group sentence indices by padded width: ``(indices, width, rows)`` with ``rows`` the padded batch size.
-
-    ``rows`` is ``batch_size`` for full batches and the next power of two for a last partial one, so a width
-    compiles at most ``log2(batch_size) + 1`` shapes.
-    """
-    by_width: dict[int, list[int]] = {}
-    for i in sorted(range(len(lengths)), key=lambda i: lengths[i]):
-        by_width.setdefault(padded_width(lengths[i]), []).append(i)
-    out = []
-    for width, idx in sorted(by_width.items()):
-        for start in range(0, len(idx), batch_size):
-            chunk = idx[start : start + batch_size]
-            out.append((chunk, width, min(batch_size, 1 << (len(chunk) - 1).bit_length())))
-    return out
-
-
-def pad_rows(rows: list[list[int]], width: int, num_rows: int, eos_id: int, pad_id: int):
-    """``(ids [R, width] int32, mask [R, width] bool)``: each row's tokens then ``</s>``; missing rows repeat
-    the first (their results are dropped)."""
-    ids = np.full((num_rows, width), pad_id, np.int32)
-    mask = np.zeros((num_rows, width), bool)
-    for r in range(num_rows):
-        toks = rows[r] if r < len(rows) else rows[0]
-        ids[r, : len(toks)] = toks
-        ids[r, len(toks)] = eos_id
-        mask[r, : len(toks) + 1] = True
-    return ids, mask
-
-
-def _token_strings(vocab, ids: Sequence[int]) -> list[str]:
-    """One display string per target id (the word itself for word-level vocabularies)."""
-    if getattr(vocab, "word_level", False):
-        return [vocab.tokens[i] for i in ids]
-    return [vocab.decode([i]) or "?" for i in ids]
-
-
-def translate_sentences(
-    loaded: LoadedModel,
-    sentences: Sequence[str],
-    *,
-    beam_size: int = 12,
-    alpha: float = 0.6,
-    beta: float = 0.0,
-    nbest: int = 1,
-    batch_size: int = 32,
-    limit=None,
-    replace_unk: bool = False,
-    progress: Callable[[int, int, float], None] | None = None,
-) -> list[list[Translation]]:
-    """Beam-search translations of ``sentences``: for each, its ``nbest`` best hypotheses, best first.
-
-    Sentences are sorted by length and batched at a few padded widths (:func:`length_batches`), each source
-    ending in ``</s>`` as in training. A sentence of ``n`` tokens may produce ``limit.tokens(n)`` tokens (then
-    ``</s>``), no more than the model can (:func:`model_length_cap`); each :class:`Translation` says its limit
-    and whether it stopped there (:func:`length_limit_report` counts them). A blank sentence gets ``nbest``
-    empty hypotheses (score 0) without decoding, so that an n-best list has ``nbest`` lines for it too.
-
-    Args:
-      loaded: the model and vocabularies (:func:`load_model`).
-      sentences: source sentences, whitespace-tokenised like the training corpus.
-      beam_size, alpha, beta: beam size and GNMT's length-normalisation / coverage-penalty weights.
-      nbest: hypotheses returned per sentence (``<= beam_size``).
-      batch_size: sentences per decoding batch.
-      limit: an ``attn_jax.decoding.LengthLimit``; None: the run's default, :func:`length_limit`.
-      replace_unk: replace a produced ``<unk>`` with the most-attended source token (word-level vocabularies
-        and models with attention only; otherwise ``<unk>`` stays).
-      progress: called after each batch with the sentences decoded so far, their total and the fraction of
-        the work done (source tokens, the longer sentences come last).
-
-    Returns:
-      ``len(sentences)`` lists of :class:`Translation`.
-    """
-    from attn_jax.decoding import beam_search
-
-    rule = length_limit(loaded.config) if limit is None else limit
-    try:
-        rule.check()
-    except ValueError as e:
-        raise TranslateError(str(e)) from None
-    # A model with a fixed-size decoder cache (the Transformer's ``max_length``) cannot emit more tokens.
-    cap = model_length_cap(loaded.model)
-    if not 1 <= nbest <= beam_size:
-        raise TranslateError(f"--nbest must be between 1 and the beam size {beam_size}, got {nbest}")
-    if batch_size < 1:
-        raise TranslateError(f"batch size must be >= 1, got {batch_size}")
-    src_vocab, tgt_vocab = loaded.src_vocab, loaded.tgt_vocab
-    word_level = getattr(src_vocab, "word_level", False) and getattr(tgt_vocab, "word_level", False)
-    encoded = [src_vocab.encode(s) for s in sentences]
-    if word_level:
-        source_tokens = [s.split() for s in sentences]
-    else:
-        source_tokens = [_token_strings(src_vocab, ids) for ids in encoded]
-    results: list[list[Translation]] = [[] for _ in sentences]
-    todo = [i for i, ids in enumerate(encoded) if ids]
-    for i in range(len(sentences)):
-        if not encoded[i]:
-            results[i] = [Translation("", [], [], 0.0, 0.0, None, [])] * nbest
-    lengths = [len(encoded[i]) + 1 for i in todo]
-    work_total, work_done, done = max(sum(lengths), 1), 0, 0
-    for chunk, width, rows in length_batches(lengths, batch_size):
-        members = [todo[c] for c in chunk]
-        src, mask = pad_rows([encoded[i] for i in members], width, rows, src_vocab.eos_id, src_vocab.pad_id)
-        # Tokens with </s>: per sentence, and the static width from the padded width (few compiled shapes).
-        width_limit = rule.tokens(width - 1) + 1
-        limits = [rule.tokens(len(encoded[i])) + 1 for i in members]
-        limits += [limits[0]] * (rows - len(members))  # the padding rows repeat the first sentence
-        if cap:
-            width_limit, limits = min(width_limit, cap), [min(n, cap) for n in limits]
-        try:
-            out = beam_search(
-                loaded.model,
-                src,
-                mask,
-                beam_size=beam_size,
-                num_return=nbest,
-                max_length=width_limit,
-                limits=np.asarray(limits, np.int32),
-                length_penalty_alpha=alpha,
-                coverage_penalty_beta=beta,
-                bos_id=tgt_vocab.bos_id,
-                eos_id=tgt_vocab.eos_id,
-                pad_id=tgt_vocab.pad_id,
-            )
-        except ValueError as e:
-            raise TranslateError(str(e).splitlines()[0]) from None
-        tokens, lens = np.asarray(out.tokens), np.asarray(out.lengths)
-        scores, log_probs = np.asarray(out.scores), np.asarray(out.log_probs)
-        truncated = np.asarray(out.truncated)
-        attention = None if out.attention is None else np.asarray(out.attention)
-        for r, i in enumerate(members):
-            n = len(encoded[i])
-            hyps = []
-            for k in range(nbest):
-                length = int(lens[r, k])
-                if length == 0:  # an empty n-best slot (too few hypotheses fit the length limit)
-                    continue
-                ids = [int(t) for t in tokens[r, k, : length - 1]]
-                words = _token_strings(tgt_vocab, ids)
-                attn = None if attention is None else attention[r, k, :length, : n + 1]
-                if replace_unk and word_level and attn is not None:
-                    words = [
-                        source_tokens[i][int(np.argmax(attn[j, :n]))] if t == tgt_vocab.unk_id else w
-                        for j, (t, w) in enumerate(zip(ids, words, strict=True))
-                    ]
-                text = " ".join(words) if word_level else tgt_vocab.decode(ids)
-                hyps.append(
-                    Translation(
-                        text,
-                        words,
-                        ids,
-                        float(scores[r, k]),
-                        float(log_probs[r, k]),
-                        attn,
-                        source_tokens[i],
-                        bool(truncated[r, k]),
-                        limits[r] - 1,
-                    )
-                )
-            results[i] = hyps
-        done += len(members)
-        work_done += sum(lengths[c] for c in chunk)
-        if progress is not None:
-            progress(done, len(todo), work_done / work_total)
-    return results
-
-
-# -------------------------------------------------------------------------------------------------- CLI
 
 
 def add_translate_parser(subparsers) -> argparse.ArgumentParser:
@@ -656,15 +215,6 @@ def add_length_limit_flags(p: argparse.ArgumentParser) -> None:
         metavar="C",
         help="tokens added to floor(ratio*n) (default: 10)",
     )
-
-
-def quiet_checkpoint_logs() -> None:
-    """Silence orbax's read-only-directory warnings on stderr (the CLI's stderr carries only its own errors)."""
-    try:
-        from absl import logging as absl_logging
-    except ImportError:  # pragma: no cover - absl comes with orbax
-        return
-    absl_logging.set_verbosity(absl_logging.ERROR)
 
 
 def _error(message: str, status: int = 1) -> int:
@@ -890,8 +440,6 @@ def run_translate(args: argparse.Namespace) -> int:
     try:
         progress = None
         if bar is not None:
-            from attn_jax.cli_evaluate import decode_progress
-
             progress = decode_progress(bar)
             progress(0, sum(bool(s) for s in lines), 0.0)
         results = translate_sentences(loaded, lines, progress=progress, **options)

@@ -109,7 +109,7 @@ def test_cli_average_then_translate_and_evaluate(run_dir, tmp_path, capsys, monk
     assert CheckpointManager(os.path.join(output, "checkpoints"), read_only=True).all_steps() == [3]
 
     # translate loads the average: its parameters, one line out per line in (a warning: no validation metrics)
-    from attn_jax.cli_translate import load_model
+    from attn_jax.pipeline import load_model
 
     loaded = load_model(output)
     assert loaded.step == 3 and "no kept checkpoint has validation metrics" in loaded.note

@@ -11,8 +11,7 @@ import pytest
 import sacrebleu
 
 from attn_jax.cli import main
-from attn_jax.cli_evaluate import evaluate_workdir, load_split, select_examples
-from attn_jax.cli_translate import load_model
+from attn_jax.pipeline import evaluate_workdir, load_model, load_split, select_examples
 from tests.test_cli_translate import make_run
 
 

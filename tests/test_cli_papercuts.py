@@ -293,7 +293,8 @@ def translate_run(tmp_path_factory):
 
 
 def test_blank_line_gets_nbest_empty_hypotheses(translate_run):
-    from attn_jax.cli_translate import format_translations, load_model, translate_sentences
+    from attn_jax.cli_translate import format_translations
+    from attn_jax.pipeline import load_model, translate_sentences
 
     loaded = load_model(translate_run)
     results = translate_sentences(loaded, ["", ""], beam_size=3, nbest=3)  # nothing to decode

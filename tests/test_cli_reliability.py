@@ -10,7 +10,8 @@ import shutil
 import pytest
 
 from attn_jax.cli import main
-from attn_jax.cli_translate import load_model, split_lines, translate_sentences
+from attn_jax.cli_translate import split_lines
+from attn_jax.pipeline import load_model, translate_sentences
 from tests.test_cli_translate import make_run
 
 # Three sentences; the first two hold characters str.splitlines() (not the corpus reader) breaks lines at.

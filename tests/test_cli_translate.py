@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from attn_jax.cli import main
-from attn_jax.cli_translate import load_model, translate_sentences
+from attn_jax.pipeline import load_model, translate_sentences
 from tests.tolerance import assert_close_f32
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

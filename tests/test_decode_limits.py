@@ -11,23 +11,23 @@ import json
 
 import pytest
 
-from attn_jax import cli_translate
 from attn_jax.cli import build_parser, main
-from attn_jax.cli_evaluate import decode_progress
-from attn_jax.cli_translate import (
-    LoadedModel,
-    TranslateError,
-    Translation,
-    length_limit,
-    length_limit_report,
-    load_model,
-)
 from attn_jax.decoding import (
     DEFAULT_MAX_LENGTH_OFFSET,
     DEFAULT_MAX_LENGTH_RATIO,
     LengthLimit,
     _limits,
     beam_search,
+)
+from attn_jax.pipeline import (
+    LoadedModel,
+    TranslateError,
+    Translation,
+    decode_progress,
+    length_limit,
+    length_limit_report,
+    load_model,
+    model_length_cap,
 )
 from attn_jax.train import ProgressLine, _metrics
 from tests.test_cli_translate import make_run
@@ -194,7 +194,7 @@ def test_a_models_own_cap_is_reported_too(run):
         "8 here, at most 8 for this model (its decoder holds 9 positions)) instead of ending with </s>: raise "
         "--max-length or --max-length-ratio (the model stops at 8 tokens whatever the flags)"
     )
-    assert cli_translate.model_length_cap(loaded.model) is None  # RNNsearch: no cap
+    assert model_length_cap(loaded.model) is None  # RNNsearch: no cap
 
 
 def test_decode_progress_extrapolates_the_work_left():

@@ -13,11 +13,12 @@ import pytest
 import sacrebleu
 from sacremoses import MosesDetokenizer, MosesTokenizer
 
-from attn_jax import cli_evaluate
 from attn_jax import eval as ev
 from attn_jax.cli import build_parser, main
-from attn_jax.cli_evaluate import _without_sacrebleu_tokenized_warning, bleu_options
 from attn_jax.eval import _bleu, _detok
+from attn_jax.pipeline import _bleu as _pipeline_bleu
+from attn_jax.pipeline import bleu_options
+from attn_jax.pipeline._bleu import _without_sacrebleu_tokenized_warning
 from tests.test_cli_translate import make_run
 
 # Apostrophes, quotes, clitics, brackets, a decimal, a percent sign: what Moses tokenises apart.
@@ -126,7 +127,7 @@ def test_detokenize_options_are_checked_and_documented():
     assert ev.looks_tokenized(_tok(RAW_REFS)) and not ev.looks_tokenized(RAW_REFS)
     assert ev.looks_tokenized(_tok(RAW_FR_REFS, "fr")) and not ev.looks_tokenized(RAW_FR_REFS)
     assert not ev.looks_tokenized(["a b c", "d e"])  # no punctuation: nothing to tell
-    for module in (_detok, _bleu, cli_evaluate):
+    for module in (_detok, _bleu, _pipeline_bleu):
         result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
         assert result.failed == 0 and result.attempted > 0
 

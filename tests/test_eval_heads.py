@@ -7,10 +7,15 @@ import doctest
 import numpy as np
 import pytest
 
-from attn_jax import cli_evaluate, data
-from attn_jax.cli_evaluate import hypothesis_cross_attention, sharpest_head
-from attn_jax.cli_translate import LoadedModel, translate_sentences
+from attn_jax import data
 from attn_jax.decoding import LengthLimit
+from attn_jax.pipeline import (
+    LoadedModel,
+    _attention,
+    hypothesis_cross_attention,
+    sharpest_head,
+    translate_sentences,
+)
 from tests.test_transformer import make_model
 from tests.tolerance import assert_close_f32
 
@@ -73,6 +78,6 @@ def test_sharpest_head_is_the_lowest_mean_entropy():
     mixed = np.concatenate([one_hot[:1], uniform[:2]])
     assert sharpest_head(np.stack([mixed, half])) == 1
     failures = doctest.DocTestRunner().run(
-        doctest.DocTestFinder().find(sharpest_head, globs=vars(cli_evaluate))[0]
+        doctest.DocTestFinder().find(sharpest_head, globs=vars(_attention))[0]
     )
     assert failures.failed == 0 and failures.attempted == 1

@@ -8,7 +8,7 @@ import os
 import numpy as np
 import pytest
 
-from attn_jax.cli_evaluate import HeatmapPick, figure3_examples
+from attn_jax.pipeline import HeatmapPick, figure3_examples
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _spec = importlib.util.spec_from_file_location(

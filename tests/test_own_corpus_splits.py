@@ -143,7 +143,7 @@ def test_the_validation_name_wins_over_valid_and_dev(tmp_path):
 
 
 def test_evaluate_split_validation_reads_the_same_files_as_training(tmp_path):
-    from attn_jax.cli_evaluate import load_split
+    from attn_jax.pipeline import load_split
 
     _write(tmp_path, "train", TRAIN)
     _write(tmp_path, "dev", VALID)

@@ -16,7 +16,7 @@ class LengthLimit(NamedTuple):
 
         limit(n) = max(minimum, ⌊ratio · n⌋ + offset)          n: source tokens without </s>
 
-    A run's default (``attn_jax.cli_translate.length_limit``) is ``minimum`` = the longest target it trained on
+    A run's default (``attn_jax.pipeline.length_limit``) is ``minimum`` = the longest target it trained on
     (``data.max_target_length``), ``ratio`` 2 and ``offset`` 10: no sentence gets less room than the training
     targets had, and a long source gets twice its length. ``LengthLimit.fixed(N)`` allows ``N`` tokens to
     every sentence. Beam search forces ``</s>`` after ``limit(n)`` tokens and reports each hypothesis it cut

@@ -87,9 +87,8 @@ def main(argv=None) -> int:
     p.add_argument("--sentences", type=int, default=200, help="validation pairs (default: %(default)s)")
     args = p.parse_args(argv)
 
-    from attn_jax.cli_evaluate import load_split, reference_attention
-    from attn_jax.cli_translate import load_model
     from attn_jax.eval import parse_pharaoh
+    from attn_jax.pipeline import load_model, load_split, reference_attention
 
     ck = int(args.checkpoint) if args.checkpoint.isdigit() else args.checkpoint
     m = load_model(args.workdir, ck)

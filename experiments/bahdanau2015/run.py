@@ -7,7 +7,7 @@
 Trains RNNenc (configs/rnnenc_cpu.py), RNNsearch (configs/rnnsearch_cpu.py) and the Transformer
 (configs/transformer_cpu.py) on the same generated pairs (the RNN pair also shares sizes, optimiser, batch size and
 number of updates; the report states each system's budget), evaluates each on the test split
-with beam search (``attn_jax.cli_evaluate.evaluate_workdir``) and writes ``<out>/report.md``: BLEU by source length
+with beam search (``attn_jax.pipeline.evaluate_workdir``) and writes ``<out>/report.md``: BLEU by source length
 (the paper's Figure 2) as a table and a plot, overall BLEU / No-UNK BLEU / AER (Table 1), three RNNsearch attention
 heatmaps of long test sentences (Figure 3), the Transformer's cross-attention on the same sentences (last decoder
 layer: the mean of its heads and its sharpest single head), the exact configs, seeds, package versions, the machine
@@ -258,8 +258,7 @@ def findings_markdown(checks, numbers, ranges, args, why_no_ranges: str = "") ->
 def run_experiment(args: argparse.Namespace) -> str:
     """Train, evaluate and report; returns the path of report.md."""
     from attn_jax import eval as ev
-    from attn_jax.cli_evaluate import evaluate_workdir
-    from attn_jax.cli_translate import quiet_checkpoint_logs
+    from attn_jax.pipeline import evaluate_workdir, quiet_checkpoint_logs
     from attn_jax.train import apply_overrides, flatten_config, load_config, train_and_evaluate
 
     quiet_checkpoint_logs()
@@ -359,7 +358,7 @@ def run_experiment(args: argparse.Namespace) -> str:
         picks = runs[system]["eval"].get("heatmaps", [])
         limit = runs[system]["eval"].get("training_max_source_length")
         md.append(
-            "Chosen as the paper's Figure 3 is (`attn_jax.cli_evaluate.figure3_examples`): the longest test "
+            "Chosen as the paper's Figure 3 is (`attn_jax.pipeline.figure3_examples`): the longest test "
             f"sentences within the training lengths (at most {limit} source words) that this system translates "
             "exactly, then one sentence beyond the training lengths as the failure case. Each picture shows the "
             "attention while the system produced its own translation (rows: target words, columns: source words, "

@@ -1,0 +1,84 @@
+"""A trained run's pipeline: load it, translate sentences, evaluate a split.
+
+The library functions behind ``attn-jax translate`` and ``attn-jax evaluate``, for the CLI and for experiments
+alike (``experiments/`` call these, never ``attn_jax.cli*``)::
+
+    from attn_jax import pipeline
+
+    loaded = pipeline.load_model("runs/rnnsearch_cpu")              # best checkpoint, vocabularies, config
+    hyps = pipeline.translate_sentences(loaded, ["the dog slept ."], beam_size=12)
+    result = pipeline.evaluate_workdir("runs/rnnsearch_cpu", split="test")   # BLEU, AER, heatmaps, tables
+
+* loading (``_load``): :class:`LoadedModel`, :func:`load_model`, :class:`TranslateError`,
+  :func:`quiet_checkpoint_logs`;
+* length limit (``_length``): :func:`length_limit` (the rule both commands share), :func:`length_flags_problem`,
+  :func:`model_length_cap`, :class:`LengthLimitReport`, :func:`length_limit_report`,
+  :func:`merge_length_limit_reports`;
+* translating (``_translate``): :class:`Translation`, :func:`translate_sentences` and its batching,
+  :func:`length_batches`, :func:`pad_rows`, :func:`padded_width`;
+* a split (``_split``): :func:`load_split`, :func:`select_examples`;
+* attention outside beam search (``_attention``): :func:`reference_attention`,
+  :func:`hypothesis_cross_attention`, :func:`sharpest_head`, :func:`figure3_examples`, :class:`HeatmapPick`;
+* BLEU settings (``_bleu``): :func:`bleu_options`, :func:`bleu_flags_problem`;
+* evaluating (``_evaluate``): :func:`evaluate_workdir`; progress (``_progress``): :func:`decode_progress`.
+
+Importing this package needs only numpy (and jax, through ``attn_jax``); Flax, orbax, the data readers and
+sacreBLEU are imported when a function needs them.
+"""
+
+from attn_jax.pipeline._attention import (
+    HeatmapPick,
+    figure3_examples,
+    hypothesis_cross_attention,
+    reference_attention,
+    sharpest_head,
+)
+from attn_jax.pipeline._bleu import bleu_flags_problem, bleu_options
+from attn_jax.pipeline._evaluate import evaluate_workdir
+from attn_jax.pipeline._length import (
+    LengthLimitReport,
+    length_flags_problem,
+    length_limit,
+    length_limit_report,
+    merge_length_limit_reports,
+    model_length_cap,
+)
+from attn_jax.pipeline._load import LoadedModel, TranslateError, load_model, quiet_checkpoint_logs
+from attn_jax.pipeline._progress import decode_progress
+from attn_jax.pipeline._split import load_split, select_examples
+from attn_jax.pipeline._translate import (
+    Translation,
+    length_batches,
+    pad_rows,
+    padded_width,
+    translate_sentences,
+)
+
+__all__ = [
+    "HeatmapPick",
+    "LengthLimitReport",
+    "LoadedModel",
+    "TranslateError",
+    "Translation",
+    "bleu_flags_problem",
+    "bleu_options",
+    "decode_progress",
+    "evaluate_workdir",
+    "figure3_examples",
+    "hypothesis_cross_attention",
+    "length_batches",
+    "length_flags_problem",
+    "length_limit",
+    "length_limit_report",
+    "load_model",
+    "load_split",
+    "merge_length_limit_reports",
+    "model_length_cap",
+    "pad_rows",
+    "padded_width",
+    "quiet_checkpoint_logs",
+    "reference_attention",
+    "select_examples",
+    "sharpest_head",
+    "translate_sentences",
+]

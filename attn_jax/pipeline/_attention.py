@@ -1,0 +1,158 @@
+"""A run's attention outside beam search: teacher-forced on references, every head on its own translation, and
+the sentences whose attention is drawn (the paper's Figure 3)."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import numpy as np
+
+from attn_jax.pipeline._load import LoadedModel
+from attn_jax.pipeline._translate import Translation, length_batches, pad_rows
+
+__all__ = [
+    "HeatmapPick",
+    "figure3_examples",
+    "hypothesis_cross_attention",
+    "reference_attention",
+    "sharpest_head",
+]
+
+
+@functools.cache
+def _teacher_forced():
+    """The jitted ``(graphdef, state, src, src_mask, tgt_in) -> attention [B, T, S]`` (None without attention);
+    built on first use so that ``attn-jax --help`` does not import JAX."""
+    import jax
+    from flax import nnx
+
+    def attention(graphdef, state, src, src_mask, tgt_in):
+        _, weights = nnx.merge(graphdef, state)(src, src_mask, tgt_in)
+        return weights
+
+    return jax.jit(attention, static_argnums=0)
+
+
+def reference_attention(
+    loaded: LoadedModel, sources: Sequence[str], references: Sequence[str], *, batch_size: int = 32
+) -> list[np.ndarray] | None:
+    """Teacher-forced attention on each reference: ``[m + 1, n + 1]`` per sentence (rows: the ``m`` reference
+    tokens then ``</s>``; columns: the ``n`` source tokens then ``</s>``); None for a model without attention."""
+    from flax import nnx
+
+    sv, tv = loaded.src_vocab, loaded.tgt_vocab
+    src_ids = [sv.encode(s) for s in sources]
+    tgt_ids = [tv.encode(r) for r in references]
+    graphdef, state = nnx.split(loaded.model)
+    lengths = [max(len(s), len(t)) + 1 for s, t in zip(src_ids, tgt_ids, strict=True)]
+    out: list[np.ndarray | None] = [None] * len(sources)
+    for chunk, width, rows in length_batches(lengths, batch_size):
+        src, mask = pad_rows([src_ids[i] for i in chunk], width, rows, sv.eos_id, sv.pad_id)
+        tgt_in = np.full((rows, width), tv.pad_id, np.int32)
+        for r in range(rows):
+            t = tgt_ids[chunk[r]] if r < len(chunk) else tgt_ids[chunk[0]]
+            tgt_in[r, 0] = tv.bos_id
+            tgt_in[r, 1 : len(t) + 1] = t
+        weights = _teacher_forced()(graphdef, state, src, mask, tgt_in)
+        if weights is None:
+            return None
+        weights = np.asarray(weights)
+        for r, i in enumerate(chunk):
+            out[i] = weights[r, : len(tgt_ids[i]) + 1, : len(src_ids[i]) + 1]
+    return out  # type: ignore[return-value]
+
+
+@functools.cache
+def _cross_attention_heads():
+    """The jitted ``(graphdef, state, src, src_mask, tgt_in) -> [B, L_dec, H, T, S]`` of a multi-head model."""
+    import jax
+    from flax import nnx
+
+    def heads(graphdef, state, src, src_mask, tgt_in):
+        return nnx.merge(graphdef, state).cross_attention_weights(src, src_mask, tgt_in)
+
+    return jax.jit(heads, static_argnums=0)
+
+
+def hypothesis_cross_attention(
+    loaded: LoadedModel, source: str, hypothesis: Translation
+) -> np.ndarray | None:
+    """Every head of the last decoder layer's cross-attention on the model's own translation.
+
+    Teacher-forces ``hypothesis`` (``<s>`` then its ids) through a multi-head model's
+    ``cross_attention_weights``: float32 ``[H, m + 1, n + 1]``, rows and columns laid out as
+    :attr:`Translation.attention`. A causal decoder run on its own output reproduces the attention it had while
+    decoding, so the mean over heads equals ``hypothesis.attention`` (the cached decoder's head average).
+    None for a model without per-head cross-attention (the RNNs).
+    """
+    from flax import nnx
+
+    if not hasattr(loaded.model, "cross_attention_weights"):
+        return None
+    sv, tv = loaded.src_vocab, loaded.tgt_vocab
+    src_ids = sv.encode(source)
+    n, m = len(src_ids), len(hypothesis.ids)
+    src, mask = pad_rows([src_ids], n + 1, 1, sv.eos_id, sv.pad_id)
+    tgt_in = np.asarray([[tv.bos_id, *hypothesis.ids]], np.int32)
+    graphdef, state = nnx.split(loaded.model)
+    weights = np.asarray(_cross_attention_heads()(graphdef, state, src, mask, tgt_in))  # [1, L_dec, H, T, S]
+    return weights[0, -1, :, : m + 1, : n + 1]
+
+
+def sharpest_head(weights: np.ndarray) -> int:
+    """The head whose attention rows have the lowest mean entropy (the most alignment-like): ``weights`` is
+    ``[H, T, S]`` with rows summing to 1; ties go to the lowest index.
+
+    >>> sharpest_head(np.array([[[0.5, 0.5]], [[0.9, 0.1]], [[0.1, 0.9]]]))
+    1
+    """
+    w = np.asarray(weights, np.float64)
+    entropy = -np.sum(w * np.log(np.where(w > 0, w, 1.0)), axis=-1).mean(axis=-1)  # [H]
+    return int(np.argmin(entropy))
+
+
+class HeatmapPick(NamedTuple):
+    """One sentence picked for a heatmap by :func:`figure3_examples`: its index and why it was picked."""
+
+    index: int
+    kind: str  # "correct": within the training lengths, translated exactly; "within": same, not exact
+    #            (only when too few are exact); "beyond": longer than the training lengths (the failure case)
+
+
+def figure3_examples(
+    sources: Sequence[str],
+    hypotheses: Sequence[str],
+    references: Sequence[str],
+    *,
+    count: int,
+    within_length: int | None,
+    max_length: int,
+) -> list[HeatmapPick]:
+    """The sentences for the heatmaps, by the rule of the paper's Figure 3 (sentences the model gets right).
+
+    Up to ``count`` sentences of at most ``within_length`` source words (the training lengths) whose translation
+    equals the reference exactly (``"correct"``), longest first (ties: corpus order); if fewer are exact, the
+    longest remaining ones within those lengths fill up (``"within"``, said in the picture's title). Then one
+    sentence longer than ``within_length`` (``"beyond"``: the failure case), the longest with at most
+    ``max_length`` words (so the picture stays legible). ``within_length=None``: no training limit is known,
+    every sentence counts as within and there is no ``"beyond"`` picture.
+
+    >>> src = ["a b", "a b c", "a b c d e", "a"]
+    >>> hyp = ["x y", "x y z", "x", "q"]
+    >>> ref = ["x y", "x y z", "x y z w v", "x"]
+    >>> figure3_examples(src, hyp, ref, count=2, within_length=3, max_length=10)
+    [HeatmapPick(index=1, kind='correct'), HeatmapPick(index=0, kind='correct'), HeatmapPick(index=2, kind='beyond')]
+    """
+    n = [len(s.split()) for s in sources]
+    fits = [i for i in range(len(sources)) if n[i] <= max_length]
+    within = [i for i in fits if within_length is None or n[i] <= within_length]
+    by_length = sorted(within, key=lambda i: (-n[i], i))
+    exact = [i for i in by_length if hypotheses[i].split() == references[i].split()]
+    picks = [HeatmapPick(i, "correct") for i in exact[:count]]
+    picks += [HeatmapPick(i, "within") for i in by_length if i not in exact][: count - len(picks)]
+    beyond = [i for i in fits if within_length is not None and n[i] > within_length]
+    if beyond and count > 0:
+        picks.append(HeatmapPick(min(beyond, key=lambda i: (-n[i], i)), "beyond"))
+    return picks

@@ -1,0 +1,671 @@
+"""Evaluate a trained run on one split: decode it, score BLEU (overall, by source length, No UNK) and AER, draw
+attention heatmaps and write the tables, the sentences and ``evaluation.{json,md}``."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from attn_jax.pipeline._attention import (
+    figure3_examples,
+    hypothesis_cross_attention,
+    reference_attention,
+    sharpest_head,
+)
+from attn_jax.pipeline._bleu import _without_sacrebleu_tokenized_warning, bleu_flags_problem, bleu_options
+from attn_jax.pipeline._length import LengthLimitReport, length_limit, length_limit_report
+from attn_jax.pipeline._load import LoadedModel, TranslateError, load_model
+from attn_jax.pipeline._split import load_split, select_examples
+from attn_jax.pipeline._translate import Translation, translate_sentences
+
+__all__ = ["evaluate_workdir"]
+
+_SYSTEM_NAMES = {"rnnsearch": "RNNsearch", "rnnenc": "RNNenc", "gnmt": "GNMT", "transformer": "Transformer"}
+_PICK_NOTES = {
+    "correct": "translated exactly",
+    "within": "within training lengths, not exact",
+    "beyond": "beyond the training lengths (> {} words)",
+}
+
+
+def evaluate_workdir(
+    workdir: str | os.PathLike,
+    *,
+    split: str = "test",
+    beam_size: int = 12,
+    alpha: float = 0.6,
+    beta: float = 0.0,
+    max_examples: int | None = None,
+    out_dir: str | os.PathLike | None = None,
+    checkpoint: str | int = "best",
+    batch_size: int = 32,
+    num_heatmaps: int = 3,
+    heatmap_max_length: int = 40,
+    replace_unk: bool = False,
+    test_per_bucket: int | None = None,
+    name: str | None = None,
+    log=None,
+    max_length: int | None = None,
+    max_length_ratio: float | None = None,
+    max_length_offset: int | None = None,
+    progress: Callable[[int, int, float], None] | None = None,
+    bleu_tokenize: str | None = None,
+    detokenize: str = "none",
+    detokenize_lang: str = "en",
+) -> dict[str, Any]:
+    """Evaluate a training run on one split: decode, BLEU overall / by length / No UNK, AER, heatmaps, tables.
+
+    Args:
+      workdir: the run directory (``checkpoints/``, ``vocab/``).
+      split: the corpus split (``test``, ``validation``, ``train``, or TFDS slicing such as ``test[:500]``).
+      beam_size, alpha, beta: beam search (GNMT length normalisation α, coverage penalty β).
+      max_examples: evaluate at most this many pairs, spread evenly over the length buckets
+        (:func:`select_examples`); None: all.
+      out_dir: where to write (default ``workdir/eval/<split>``).
+      checkpoint: ``best`` (lowest validation loss; the latest when no kept checkpoint was evaluated, which
+        is logged and kept in ``checkpoint_note``), ``last`` or a step.
+      batch_size: sentences per decoding / teacher-forcing batch.
+      num_heatmaps: heatmaps of the longest sentences within the training lengths that the model translates
+        exactly, plus one sentence beyond the training lengths (:func:`figure3_examples`); at most
+        ``heatmap_max_length`` source words each.
+      replace_unk: replace produced ``<unk>`` by the most-attended source word before scoring (off: the
+        paper's setting).
+      test_per_bucket: test pairs per length bucket of a generated built-in corpus (see :func:`load_split`).
+      name: the system's name in the tables (default ``RNNsearch`` / ``RNNenc`` from the config).
+      log: a ``print``-like callable for what happens (default: silent); the length limit's line included.
+      max_length, max_length_ratio, max_length_offset: the length limit, as ``attn-jax translate``'s
+        (:func:`length_limit`; None: the run's default).
+      progress: called with ``(sentences done, total, fraction of the work)``: once with 0 before decoding,
+        then after each batch (:func:`decode_progress` draws it with an ETA).
+      bleu_tokenize: sacreBLEU's tokeniser (``13a``, ``none``, ``intl``, ...); None: ``13a``, not chosen, so a
+        corpus whose references look tokenised gets a warning (:func:`bleu_options`).
+      detokenize, detokenize_lang: ``"moses"`` and a language detokenise hypotheses and references before BLEU
+        (``attn_jax.eval.corpus_bleu``); ``"none"`` scores them as given.
+
+    Returns:
+      A dict: ``system``, ``workdir``, ``step``, ``checkpoint_note`` (None, or why another checkpoint than
+      the one asked for was used), ``split``, ``num_sentences``, ``bleu`` (overall score),
+      ``signature``, ``bleu_by_length`` (:meth:`BleuByLength.to_dict`), ``no_unk`` and ``aer`` (dicts or None),
+      ``skipped_empty`` (pairs of the split with an empty side, which the reader skipped: also logged as a
+      warning and kept in ``summary.json`` under ``<system>.skipped_empty``),
+      ``length_limit`` (``LengthLimitReport.to_dict``: ``stopped_at_limit`` of ``translations``, the rule; and
+      ``stopped_indices``, the split's indices of the translations cut),
+      ``bleu_options`` (:func:`bleu_options`: tokeniser, detokeniser and language, whether the references look
+      tokenised, and the warning given, if any), ``options``, ``timings``, ``files`` (name -> path),
+      ``tensorboard`` (``logdir``, ``step``, ``tags`` of the PNGs added as TensorBoard images; None when the
+      run has ``tensorboard`` off or its directory is read-only, which is logged) and two
+      objects for composing multi-system tables:
+      ``bleu_by_length_result`` (:class:`attn_jax.eval.BleuByLength`) and ``system_scores``
+      (:class:`attn_jax.eval.SystemScores`). ``evaluation.json`` holds the same minus those two objects.
+
+    Raises:
+      TranslateError: a missing run or checkpoint, or bad options. ``attn_jax.data.CorpusError``: the split
+        cannot be read.
+    """
+    log = log or (lambda *a, **k: None)
+    problem = bleu_flags_problem(bleu_tokenize, detokenize, detokenize_lang)
+    if problem:
+        raise TranslateError(problem)
+    options = {  # evaluation.json's "options"
+        "beam_size": beam_size,
+        "alpha": alpha,
+        "beta": beta,
+        "max_length": max_length,
+        "max_length_ratio": max_length_ratio,
+        "max_length_offset": max_length_offset,
+        "checkpoint": checkpoint,
+        "max_examples": max_examples,
+        "replace_unk": replace_unk,
+        "batch_size": batch_size,
+        "bleu_tokenize": bleu_tokenize,
+        "detokenize": detokenize,
+        "detokenize_lang": detokenize_lang,
+    }
+    timings: dict[str, float] = {}
+    t0 = time.perf_counter()
+    loaded = load_model(workdir, checkpoint)
+    if loaded.note:  # never silent: the CLI logs to stderr, and the JSON and the report keep it
+        log(f"warning: {loaded.note}")
+    system = name or _SYSTEM_NAMES.get(str(loaded.config.model.arch), str(loaded.config.model.arch))
+    out_dir = os.fspath(out_dir) if out_dir is not None else os.path.join(os.fspath(workdir), "eval", split)
+    os.makedirs(out_dir, exist_ok=True)
+    pairs = _read_pairs(
+        loaded.config, split, max_examples=max_examples, test_per_bucket=test_per_bucket, log=log
+    )
+    rule = length_limit(
+        loaded.config,
+        max_length=max_length,
+        max_length_ratio=max_length_ratio,
+        max_length_offset=max_length_offset,
+    )
+    timings["load_s"] = time.perf_counter() - t0
+    log(
+        f"{system} (step {loaded.step}): decoding {len(pairs.sources)} {split} sentences with beam {beam_size}, "
+        f"length limit {rule.describe()}"
+    )
+
+    t0 = time.perf_counter()
+    translations = _decode(
+        loaded,
+        pairs.sources,
+        progress,
+        beam_size=beam_size,
+        alpha=alpha,
+        beta=beta,
+        batch_size=batch_size,
+        limit=rule,
+        replace_unk=replace_unk,
+    )
+    hypotheses = [t[0].text if t else "" for t in translations]
+    timings["decode_s"] = time.perf_counter() - t0
+    limit_report = _count_length_limit(loaded, pairs.sources, translations, rule, log)
+
+    t0 = time.perf_counter()
+    bleu = _score_bleu(loaded, pairs, hypotheses, bleu_tokenize, detokenize, detokenize_lang, log)
+    alignment = _score_alignment(loaded, pairs, batch_size)
+    timings["score_s"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    files = _Files(out_dir)
+    _write_sentences(files, pairs, hypotheses, alignment.links, detokenize, detokenize_lang)
+    scores = _write_tables(files, system, pairs.corpus, bleu, alignment.aer, limit_report)
+    picked, heatmaps = _draw_heatmaps(
+        files,
+        loaded,
+        (system, split),
+        pairs,
+        translations,
+        hypotheses,
+        alignment.reference,
+        count=num_heatmaps,
+        max_length=heatmap_max_length,
+    )
+    tensorboard = _tensorboard_images(workdir, loaded, split, files.paths, log)
+    timings["write_s"] = time.perf_counter() - t0
+
+    result = _record(
+        system,
+        workdir,
+        loaded,
+        split,
+        pairs,
+        bleu,
+        alignment,
+        limit_report,
+        translations,
+        picked=picked,
+        options=options,
+        timings=timings,
+        files=files.paths,
+        tensorboard=tensorboard,
+    )
+    _write_evaluation(files, result, _evaluation_markdown(result, limit_report, bleu, scores, heatmaps))
+    result["bleu_by_length_result"] = bleu.by_length
+    result["system_scores"] = scores
+    return result
+
+
+# ------------------------------------------------------------------------------------------ the steps
+
+
+class _Pairs(NamedTuple):
+    """The pairs evaluated: the corpus read, their indices in the split, their sides and gold alignments."""
+
+    corpus: Any  # attn_jax.data.ParallelCorpus
+    keep: list[int]
+    sources: list[str]
+    references: list[str]
+    gold: list[Any] | None
+
+
+class _Bleu(NamedTuple):
+    """BLEU overall and by source length, on the sentences without ``<unk>``, and how it was scored."""
+
+    by_length: Any  # attn_jax.eval.BleuByLength
+    no_unk: Any  # attn_jax.eval.BleuResult
+    options: dict[str, Any]  # bleu_options(...)
+
+
+class _Alignment(NamedTuple):
+    """Teacher-forced attention on the references, its argmax links and their AER (None where not measured)."""
+
+    reference: list[np.ndarray] | None
+    links: list[Any] | None
+    aer: Any
+    aer_within: Any  # on the sentences within the training lengths
+
+
+class _Files:
+    """The output directory and the files written there, by name (``evaluation.json``'s ``files``)."""
+
+    def __init__(self, out_dir: str):
+        self.out_dir = out_dir
+        self.paths: dict[str, str] = {}
+
+    def path(self, fname: str) -> str:
+        """The path of ``fname`` in the output directory, recorded as written."""
+        self.paths[fname] = os.path.join(self.out_dir, fname)
+        return self.paths[fname]
+
+
+def _read_pairs(config, split: str, *, max_examples, test_per_bucket, log) -> _Pairs:
+    """The split's pairs to evaluate (:func:`select_examples`); pairs skipped for an empty side are logged."""
+    corpus = load_split(config, split, test_per_bucket=test_per_bucket)
+    if corpus.skipped_empty:  # never silent: stderr, summary.json/md and evaluation.json/md all say it
+        log(f"warning: {_skipped_text(corpus.skipped_empty, corpus.name)}")
+    keep = select_examples(corpus.sources, max_examples)
+    if not keep:
+        raise TranslateError(f"{split}: no sentence pairs to evaluate")
+    gold = None if corpus.alignments is None else [corpus.alignments[i] for i in keep]
+    return _Pairs(corpus, keep, [corpus.sources[i] for i in keep], [corpus.targets[i] for i in keep], gold)
+
+
+def _decode(loaded: LoadedModel, sources: Sequence[str], progress, **options) -> list[list[Translation]]:
+    """Beam-search translations of ``sources``, with ``progress`` told 0 first (its clock starts there)."""
+    if progress is not None:
+        progress(0, len(sources), 0.0)
+    return translate_sentences(loaded, sources, progress=progress, **options)
+
+
+def _count_length_limit(loaded, sources, translations, rule, log) -> LengthLimitReport:
+    """The translations that stopped at the length limit, logged (a warning when any did)."""
+    report = length_limit_report(loaded, sources, translations, rule)
+    if report.stopped:  # never silent: stderr, summary.json/md and evaluation.json/md all say it
+        log(f"warning: {report.message()}")
+    else:
+        log(f"length limit: {report.describe_limit()}; no translation stopped at it")
+    return report
+
+
+def _score_bleu(
+    loaded: LoadedModel,
+    pairs: _Pairs,
+    hypotheses: Sequence[str],
+    bleu_tokenize: str | None,
+    detokenize: str,
+    detokenize_lang: str,
+    log,
+) -> _Bleu:
+    """BLEU overall, by source length and on the sentences without ``<unk>`` (Table 1's "No UNK")."""
+    from attn_jax import eval as ev
+
+    opts = bleu_options(
+        pairs.references,
+        bleu_tokenize=bleu_tokenize,
+        detokenize=detokenize,
+        detokenize_lang=detokenize_lang,
+        built_in=str(loaded.config.data.corpus) == "synthetic",
+    )
+    if opts["warning"]:  # never silent: stderr, summary.json/md and evaluation.json/md all say it
+        log(f"warning: {opts['warning']}")
+    kw: dict[str, Any] = {
+        "tokenize": bleu_tokenize or "13a",
+        "detokenize": detokenize,
+        "detokenize_lang": detokenize_lang,
+    }
+    sv, tv = loaded.src_vocab, loaded.tgt_vocab
+    sources, references = pairs.sources, pairs.references
+    with _without_sacrebleu_tokenized_warning():  # bleu_options has said it once, with the flags to use
+        by_length = ev.bleu_by_length(hypotheses, references, sources, **kw)
+        no_unk = ev.bleu_no_unk(
+            hypotheses,
+            references,
+            source_has_unk=[ev.has_unk(sv.encode(s), unk_id=sv.unk_id) for s in sources],
+            reference_has_unk=[ev.has_unk(tv.encode(r), unk_id=tv.unk_id) for r in references],
+            **kw,
+        )
+    return _Bleu(by_length, no_unk, opts)
+
+
+def _score_alignment(loaded: LoadedModel, pairs: _Pairs, batch_size: int) -> _Alignment:
+    """AER of the teacher-forced attention on the references against the gold alignments, overall and within
+    the training lengths (links only for word-level vocabularies; AER only where the corpus has gold)."""
+    from attn_jax import eval as ev
+
+    sources, references, gold = pairs.sources, pairs.references, pairs.gold
+    attention = reference_attention(loaded, sources, references, batch_size=batch_size)
+    if attention is None or not _word_level(loaded):
+        return _Alignment(attention, None, None, None)
+    links = [
+        ev.argmax_alignment(w[: len(r.split()), : len(s.split())])
+        for w, s, r in zip(attention, sources, references, strict=True)
+    ]
+    if gold is None:
+        return _Alignment(attention, links, None, None)
+
+    def aer_of(indices: Sequence[int]):
+        return ev.alignment_error_rate(
+            [links[k] for k in indices],
+            [gold[k] for k in indices],
+            source_lengths=[len(sources[k].split()) for k in indices],
+            target_lengths=[len(references[k].split()) for k in indices],
+        )
+
+    limit = _training_source_length(loaded.config)
+    inside = [k for k, s in enumerate(sources) if limit is None or len(s.split()) <= limit]
+    return _Alignment(attention, links, aer_of(range(len(sources))), aer_of(inside) if inside else None)
+
+
+def _write_sentences(
+    files: _Files,
+    pairs: _Pairs,
+    hypotheses: Sequence[str],
+    links,
+    detokenize: str,
+    detokenize_lang: str,
+) -> None:
+    """``sources``/``references``/``hypotheses.txt`` (and their ``.detok`` forms), ``alignments.txt``."""
+    from attn_jax import eval as ev
+
+    _write_lines(files.path("sources.txt"), pairs.sources)
+    _write_lines(files.path("references.txt"), pairs.references)
+    _write_lines(files.path("hypotheses.txt"), hypotheses)
+    # With a detokeniser, the exact strings BLEU scored, so that sacrebleu reproduces the score from files.
+    if detokenize != "none":
+        refs = ev.detokenize(pairs.references, detokenize, detokenize_lang)
+        _write_lines(files.path("references.detok.txt"), refs)
+        _write_lines(
+            files.path("hypotheses.detok.txt"), ev.detokenize(hypotheses, detokenize, detokenize_lang)
+        )
+    if links is not None:
+        _write_lines(files.path("alignments.txt"), [ev.format_pharaoh(a) for a in links])
+
+
+def _write_tables(files: _Files, system: str, corpus, bleu: _Bleu, aer, limit_report: LengthLimitReport):
+    """``bleu_by_length.{md,json,png}`` and ``summary.{md,json}``; returns the ``attn_jax.eval.SystemScores``."""
+    from attn_jax import eval as ev
+
+    scores = ev.SystemScores(bleu.by_length.overall, bleu.no_unk, aer)
+    with open(files.path("bleu_by_length.md"), "w", encoding="utf-8") as f:
+        f.write(ev.bleu_by_length_markdown({system: bleu.by_length}))
+    with open(files.path("summary.md"), "w", encoding="utf-8") as f:
+        f.write(
+            _summary_markdown(system, scores, limit_report, corpus.skipped_empty, corpus.name, bleu.options)
+        )
+    with open(files.path("bleu_by_length.json"), "w", encoding="utf-8") as f:
+        json.dump(ev.bleu_by_length_json({system: bleu.by_length}), f, indent=2, allow_nan=False)
+    summary = ev.summary_json({system: scores})
+    summary[system]["length_limit"] = limit_report.to_dict()
+    summary[system]["skipped_empty"] = corpus.skipped_empty
+    summary[system]["bleu_options"] = bleu.options
+    with open(files.path("summary.json"), "w", encoding="utf-8") as f:
+        json.dump(summary, f, indent=2, allow_nan=False)
+    ev.plot_bleu_by_length(
+        {system: bleu.by_length}, files.path("bleu_by_length.png"), title=f"{system}: BLEU by length"
+    )
+    return scores
+
+
+def _summary_markdown(
+    system: str, scores, limit_report: LengthLimitReport, skipped: int, corpus_name: str, options
+) -> str:
+    """``summary.md``: the summary table, the length limit, skipped pairs and the BLEU warning, if any."""
+    from attn_jax import eval as ev
+
+    text = ev.summary_markdown({system: scores}) + f"\n{_limit_markdown(limit_report)}\n"
+    if skipped:
+        text += f"\n{_skipped_text(skipped, corpus_name)}.\n"
+    if options["warning"]:
+        text += f"\n**Warning:** {options['warning']}.\n"
+    return text
+
+
+def _draw_heatmaps(
+    files: _Files,
+    loaded: LoadedModel,
+    names: tuple[str, str],
+    pairs: _Pairs,
+    translations: Sequence[list[Translation]],
+    hypotheses: Sequence[str],
+    ref_attention: list[np.ndarray] | None,
+    *,
+    count: int,
+    max_length: int,
+) -> tuple[list[dict[str, Any]], list[str]]:
+    """Heatmaps of the sentences :func:`figure3_examples` picks: ``(picked, PNG paths)``, ``picked`` being
+    ``evaluation.json``'s ``heatmaps`` (file, index in the split, words, kind); ``names``: system and split."""
+    system, split = names
+    train_length = _training_source_length(loaded.config)
+    picks = figure3_examples(
+        pairs.sources,
+        hypotheses,
+        pairs.references,
+        count=count,
+        within_length=train_length,
+        max_length=max_length,
+    )
+    picked, heatmaps = [], []
+    for k, (i, kind) in enumerate(picks):
+        source = pairs.sources[i]
+        picked.append(
+            {"file": f"attention_{k}.png", "index": pairs.keep[i], "words": len(source.split()), "kind": kind}
+        )
+        title = f"{system}, {split} #{pairs.keep[i]} ({_PICK_NOTES[kind].format(train_length)})"
+        hyp = translations[i][0] if translations[i] else None
+        if hyp is not None and hyp.attention is not None:
+            heatmaps += _draw_own_translation(files, loaded, k, title, source, hyp)
+        if ref_attention is not None and _word_level(loaded):
+            gold = pairs.gold[i] if pairs.gold is not None else None
+            heatmaps.append(
+                _draw_reference(files, k, title, source, pairs.references[i], ref_attention[i], gold)
+            )
+    return picked, heatmaps
+
+
+def _draw_own_translation(
+    files: _Files, loaded: LoadedModel, k: int, title: str, source: str, hyp: Translation
+) -> list[str]:
+    """``attention_<k>.png`` (the attention while decoding; a multi-head model's mean of heads) and, for a
+    multi-head model, ``attention_<k>_head.png`` (its sharpest head, :func:`sharpest_head`)."""
+    from attn_jax import eval as ev
+
+    multi_head = hasattr(loaded.model, "cross_attention_weights")
+    source_labels, target_labels = [*hyp.source_tokens, "</s>"], [*hyp.tokens, "</s>"]
+    drawn = [
+        ev.plot_attention(
+            hyp.attention,
+            source_labels,
+            target_labels,
+            files.path(f"attention_{k}.png"),
+            title=f"{title}: own translation" + (", last layer, mean of heads" if multi_head else ""),
+        )
+    ]
+    heads = hypothesis_cross_attention(loaded, source, hyp)
+    if heads is not None:
+        h = sharpest_head(heads)
+        drawn.append(
+            ev.plot_attention(
+                heads[h],
+                source_labels,
+                target_labels,
+                files.path(f"attention_{k}_head.png"),
+                title=f"{title}: own translation, last layer, head {h} (sharpest)",
+            )
+        )
+    return drawn
+
+
+def _draw_reference(
+    files: _Files, k: int, title: str, source: str, reference: str, attention: np.ndarray, gold
+) -> str:
+    """``attention_<k>_reference.png``: the teacher-forced attention on the reference, gold links in red."""
+    from attn_jax import eval as ev
+
+    return ev.plot_attention(
+        attention,
+        [*source.split(), "</s>"],
+        [*reference.split(), "</s>"],
+        files.path(f"attention_{k}_reference.png"),
+        gold=gold,
+        title=f"{title}: reference (red: gold)",
+    )
+
+
+def _tensorboard_images(workdir, loaded, split: str, files: dict[str, str], log) -> dict[str, Any] | None:
+    """Add the evaluation's PNGs to the run's TensorBoard log (``<workdir>/tensorboard/eval``) as images tagged
+    ``eval/<split>/<file stem>`` at the checkpoint's step; None when the run has TensorBoard off."""
+    if not getattr(loaded.config, "tensorboard", True):
+        return None
+    from attn_jax.train import EventWriter
+
+    tag_split = re.sub(r"[^-\w.]", "_", split)  # TensorBoard's tag alphabet: test[:500] -> test__500_
+    pngs = {f"eval/{tag_split}/{os.path.splitext(f)[0]}": p for f, p in files.items() if f.endswith(".png")}
+    logdir = os.path.join(os.fspath(workdir), "tensorboard", "eval")
+    try:
+        with EventWriter(logdir) as w:
+            w.images(loaded.step, pngs)
+    except OSError as e:  # a read-only run directory: the PNGs and tables are written, so say it and go on
+        log(f"warning: TensorBoard images not written to {logdir}: {e}")
+        return None
+    return {"logdir": logdir, "step": loaded.step, "tags": sorted(pngs)}
+
+
+def _record(
+    system: str,
+    workdir,
+    loaded: LoadedModel,
+    split: str,
+    pairs: _Pairs,
+    bleu: _Bleu,
+    alignment: _Alignment,
+    limit_report: LengthLimitReport,
+    translations: Sequence[list[Translation]],
+    *,
+    picked: list[dict[str, Any]],
+    options: dict[str, Any],
+    timings: dict[str, float],
+    files: dict[str, str],
+    tensorboard: dict[str, Any] | None,
+) -> dict[str, Any]:
+    """The result of :func:`evaluate_workdir` as ``evaluation.json`` holds it."""
+    aer, aer_within = alignment.aer, alignment.aer_within
+    return {
+        "system": system,
+        "workdir": os.fspath(workdir),
+        "step": loaded.step,
+        "checkpoint_note": loaded.note or None,
+        "split": split,
+        "corpus": pairs.corpus.name,
+        "num_sentences": len(pairs.sources),
+        "skipped_empty": pairs.corpus.skipped_empty,
+        "bleu": bleu.by_length.overall.score,
+        "signature": bleu.by_length.signature,
+        "bleu_options": bleu.options,
+        "bleu_by_length": bleu.by_length.to_dict(),
+        "no_unk": bleu.no_unk.to_dict(),
+        "aer": None if aer is None else aer.to_dict(),
+        "aer_within_training_lengths": None if aer_within is None else aer_within.to_dict(),
+        "training_max_source_length": _training_source_length(loaded.config),
+        "length_limit": {
+            **limit_report.to_dict(),
+            "stopped_indices": [pairs.keep[i] for i, t in enumerate(translations) if t and t[0].truncated],
+        },
+        "heatmaps": picked,
+        "options": options,
+        "timings": timings,
+        "files": files,
+        "tensorboard": tensorboard,
+    }
+
+
+def _evaluation_markdown(
+    result: dict[str, Any], limit_report: LengthLimitReport, bleu: _Bleu, scores, heatmaps: Sequence[str]
+) -> list[str]:
+    """The lines of ``evaluation.md``: the run, its warnings, the tables and the heatmaps."""
+    from attn_jax import eval as ev
+
+    system, options = result["system"], result["options"]
+    corpus, skipped, note = result["corpus"], result["skipped_empty"], result["checkpoint_note"]
+    warning = bleu.options["warning"]
+    md = [
+        f"# {system} on {corpus} ({result['split']}), checkpoint step {result['step']}\n",
+        *([f"**Warning:** {note}.\n"] if note else []),
+        f"Beam {options['beam_size']}, α = {options['alpha']}, β = {options['beta']}; "
+        f"{result['num_sentences']} sentences.\n",
+        f"{'**Warning:** ' if limit_report.stopped else ''}{_limit_markdown(limit_report)}\n",
+        *([f"**Warning:** {_skipped_text(skipped, corpus)}.\n"] if skipped else []),
+        *([f"**Warning:** {warning}.\n"] if warning else []),
+        "## BLEU by source length\n",
+        ev.bleu_by_length_markdown({system: bleu.by_length}),
+        "## Summary\n",
+        _summary_markdown(system, scores, limit_report, skipped, corpus, bleu.options),
+    ]
+    if heatmaps:
+        md.append("## Attention\n")
+        md.append(
+            "Sentences chosen as in the paper's Figure 3: the longest within the training lengths "
+            f"({result['training_max_source_length']} source words) translated exactly, then one beyond them "
+            "(the failure case).\n"
+        )
+        md += [
+            f"- `attention_{k}`: #{p['index']}, {p['words']} words, {p['kind']}"
+            for k, p in enumerate(result["heatmaps"])
+        ]
+        md.append("")
+        md += [f"![{os.path.basename(h)}]({os.path.basename(h)})\n" for h in heatmaps]
+    return md
+
+
+def _write_evaluation(files: _Files, result: dict[str, Any], md: Sequence[str]) -> None:
+    """``evaluation.md`` and ``evaluation.json`` (the result with NaN as null); both listed in ``files``."""
+    md_path, json_path = files.path("evaluation.md"), files.path("evaluation.json")
+    with open(md_path, "w", encoding="utf-8") as f:
+        f.write("\n".join(md))
+    with open(json_path, "w", encoding="utf-8") as f:
+        json.dump(_json_ready(result), f, indent=2, allow_nan=False)
+
+
+# --------------------------------------------------------------------------------------------- helpers
+
+
+def _word_level(loaded: LoadedModel) -> bool:
+    """Whether both vocabularies are word-level (attention columns and rows are words)."""
+    sv, tv = loaded.src_vocab, loaded.tgt_vocab
+    return bool(getattr(sv, "word_level", False) and getattr(tv, "word_level", False))
+
+
+def _write_lines(path: str, lines: Sequence[str]) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        f.write("".join(line + "\n" for line in lines))
+
+
+def _training_source_length(config) -> int | None:
+    """The longest source (in tokens) the run trained on, or None when its config sets no limit."""
+    limit = config.data.get("max_source_length") if hasattr(config, "data") else None
+    return int(limit) if limit else None
+
+
+def _skipped_text(skipped: int, name: str) -> str:
+    """The sentence on the split's pairs left out for an empty side (the reader skips them)."""
+    pairs = "pair" if skipped == 1 else "pairs"
+    return f"{skipped:,} {pairs} of {name} with an empty source or reference skipped (not translated, not scored)"
+
+
+def _limit_markdown(report) -> str:
+    """One Markdown sentence: the length limit and how many translations stopped at it."""
+    text = (
+        f"Length limit: {report.describe_limit()}; {report.stopped} of {report.translations} translations "
+        "stopped at it instead of ending with `</s>`"
+    )
+    if report.stopped:
+        text += " (their references may be longer than any hypothesis could be: raise --max-length or "
+        text += "--max-length-ratio)"
+    return text + "."
+
+
+def _json_ready(x):
+    """NaN -> None, recursively."""
+    if isinstance(x, dict):
+        return {k: _json_ready(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [_json_ready(v) for v in x]
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    return x

@@ -1,0 +1,95 @@
+"""Load a trained run: its checkpoint (best, last or a step), vocabularies and config."""
+
+from __future__ import annotations
+
+import os
+from typing import Any, NamedTuple
+
+__all__ = ["LoadedModel", "TranslateError", "load_model", "quiet_checkpoint_logs"]
+
+
+class TranslateError(ValueError):
+    """A run cannot be loaded or an input cannot be translated; the message is one line."""
+
+
+class LoadedModel(NamedTuple):
+    """A trained model restored from a run directory, with its vocabularies and config."""
+
+    model: Any  # flax.nnx.Module with the step interface
+    src_vocab: Any  # attn_jax.data.Vocabulary
+    tgt_vocab: Any
+    config: Any  # ml_collections.ConfigDict of the run
+    step: int
+    workdir: str
+    note: str = ""  # one line when another checkpoint than the one asked for was loaded (print it)
+
+
+def _checkpoint_steps(workdir: str) -> list[int]:
+    """The steps of ``workdir/checkpoints/<step>``, ascending; TranslateError when there is none."""
+    ckpt_dir = os.path.join(workdir, "checkpoints")
+    steps = (
+        sorted(
+            int(d) for d in os.listdir(ckpt_dir) if d.isdigit() and os.path.isdir(os.path.join(ckpt_dir, d))
+        )
+        if os.path.isdir(ckpt_dir)
+        else []
+    )
+    if not steps:
+        raise TranslateError(f"{workdir}: no checkpoint (expected {ckpt_dir}/<step>; train first)")
+    return steps
+
+
+def load_model(workdir: str | os.PathLike, checkpoint: str | int = "best") -> LoadedModel:
+    """Restore the model of a training run: its checkpoint (``best``, ``last`` or a step), vocabularies, config.
+
+    ``best`` falls back to the latest finished checkpoint when none of the kept ones has validation metrics
+    (a run stopped before its first evaluation), and ``best``/``last`` to the next best/newest checkpoint that
+    loads when theirs cannot be read (a truncated or deleted file); :attr:`LoadedModel.note` then says so, for
+    the caller to print.
+
+    Args:
+      workdir: the run directory (``checkpoints/<step>``, ``vocab/``).
+      checkpoint: ``"best"`` (lowest validation loss), ``"last"`` or a step number.
+
+    Returns:
+      A :class:`LoadedModel`.
+
+    Raises:
+      TranslateError: no such workdir, no (such) checkpoint, none that can be read (or the step asked for
+        cannot be), missing vocabularies or an unusable config.
+    """
+    import ml_collections
+
+    from attn_jax import data
+    from attn_jax.train import CheckpointUnreadable, build_module, load_checkpoint, model_config
+
+    workdir = os.fspath(workdir)
+    if not os.path.isdir(workdir):
+        raise TranslateError(f"{workdir}: no such run directory")
+    steps = _checkpoint_steps(workdir)
+    if isinstance(checkpoint, int) and checkpoint not in steps:
+        raise TranslateError(f"{workdir}: no checkpoint at step {checkpoint} (kept: {steps})")
+    try:
+        step = checkpoint if isinstance(checkpoint, int) else None
+        restored = load_checkpoint(workdir, step, best=checkpoint == "best")
+    except (FileNotFoundError, CheckpointUnreadable) as e:
+        raise TranslateError(str(e)) from None
+    try:
+        src_vocab, tgt_vocab = data.load_vocabularies(os.path.join(workdir, "vocab"))
+    except (ValueError, OSError) as e:
+        raise TranslateError(f"{workdir}: cannot read the vocabularies: {e}") from None
+    config = ml_collections.ConfigDict(restored.config)
+    try:
+        model = build_module(model_config(config, src_vocab.size, tgt_vocab.size), restored.state["params"])
+    except (ValueError, KeyError, TypeError) as e:
+        raise TranslateError(f"{workdir}: checkpoint {restored.step} does not fit its config: {e}") from None
+    return LoadedModel(model, src_vocab, tgt_vocab, config, int(restored.step), workdir, restored.note)
+
+
+def quiet_checkpoint_logs() -> None:
+    """Silence orbax's read-only-directory warnings on stderr (a command's stderr carries only its own errors)."""
+    try:
+        from absl import logging as absl_logging
+    except ImportError:  # pragma: no cover - absl comes with orbax
+        return
+    absl_logging.set_verbosity(absl_logging.ERROR)

@@ -1,0 +1,223 @@
+"""Translate sentences with a loaded run: length-sorted batches at a few padded widths, beam search, n-best."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import NamedTuple
+
+import numpy as np
+
+from attn_jax.pipeline._length import length_limit, model_length_cap
+from attn_jax.pipeline._load import LoadedModel, TranslateError
+
+__all__ = ["Translation", "length_batches", "pad_rows", "padded_width", "translate_sentences"]
+
+_MIN_WIDTH = 16  # padded source widths are powers of two from here: few compiled shapes
+
+
+class Translation(NamedTuple):
+    """One hypothesis for one source sentence.
+
+    Attributes:
+      text: the translation (``<unk>`` replaced when asked).
+      tokens: its target tokens (words for word-level vocabularies), without ``</s>``.
+      ids: the target token ids, without ``</s>``.
+      score: normalised beam score ``log P / lp + cp``.
+      log_prob: ``log P(Y | X)`` including ``</s>``.
+      attention: ``[m + 1, n + 1]`` float32 weights (rows: ``m`` target tokens then ``</s>``; columns: ``n``
+        source tokens then ``</s>``), or None for a model without attention.
+      source_tokens: the ``n`` source tokens.
+      truncated: True when the hypothesis stopped at its length limit, its ``</s>`` forced where the model's
+        most probable next token was another word (``attn_jax.decoding.BeamResult.truncated``).
+      limit: the most tokens (without ``</s>``) this sentence could have: :func:`length_limit`'s rule, cut to
+        what the model can produce (:func:`model_length_cap`); None for a blank line (nothing decoded).
+    """
+
+    text: str
+    tokens: list[str]
+    ids: list[int]
+    score: float
+    log_prob: float
+    attention: np.ndarray | None
+    source_tokens: list[str]
+    truncated: bool = False
+    limit: int | None = None
+
+    def alignment(self) -> str:
+        """Pharaoh ``i-j`` links: each target token ``j`` to its most-attended source token ``i`` (no ``</s>``)."""
+        if self.attention is None or not self.tokens or not self.source_tokens:
+            return ""
+        w = self.attention[: len(self.tokens), : len(self.source_tokens)]
+        return " ".join(f"{int(np.argmax(w[j]))}-{j}" for j in range(w.shape[0]) if w[j].max() > 0)
+
+
+def padded_width(tokens: int) -> int:
+    """The padded length for ``tokens`` positions: a power of two, at least 16 (few compiled shapes)."""
+    return max(_MIN_WIDTH, 1 << max(0, tokens - 1).bit_length())
+
+
+def length_batches(lengths: Sequence[int], batch_size: int) -> list[tuple[list[int], int, int]]:
+    """Group sentence indices by padded width: ``(indices, width, rows)`` with ``rows`` the padded batch size.
+
+    ``rows`` is ``batch_size`` for full batches and the next power of two for a last partial one, so a width
+    compiles at most ``log2(batch_size) + 1`` shapes.
+    """
+    by_width: dict[int, list[int]] = {}
+    for i in sorted(range(len(lengths)), key=lambda i: lengths[i]):
+        by_width.setdefault(padded_width(lengths[i]), []).append(i)
+    out = []
+    for width, idx in sorted(by_width.items()):
+        for start in range(0, len(idx), batch_size):
+            chunk = idx[start : start + batch_size]
+            out.append((chunk, width, min(batch_size, 1 << (len(chunk) - 1).bit_length())))
+    return out
+
+
+def pad_rows(rows: list[list[int]], width: int, num_rows: int, eos_id: int, pad_id: int):
+    """``(ids [R, width] int32, mask [R, width] bool)``: each row's tokens then ``</s>``; missing rows repeat
+    the first (their results are dropped)."""
+    ids = np.full((num_rows, width), pad_id, np.int32)
+    mask = np.zeros((num_rows, width), bool)
+    for r in range(num_rows):
+        toks = rows[r] if r < len(rows) else rows[0]
+        ids[r, : len(toks)] = toks
+        ids[r, len(toks)] = eos_id
+        mask[r, : len(toks) + 1] = True
+    return ids, mask
+
+
+def _token_strings(vocab, ids: Sequence[int]) -> list[str]:
+    """One display string per target id (the word itself for word-level vocabularies)."""
+    if getattr(vocab, "word_level", False):
+        return [vocab.tokens[i] for i in ids]
+    return [vocab.decode([i]) or "?" for i in ids]
+
+
+def translate_sentences(
+    loaded: LoadedModel,
+    sentences: Sequence[str],
+    *,
+    beam_size: int = 12,
+    alpha: float = 0.6,
+    beta: float = 0.0,
+    nbest: int = 1,
+    batch_size: int = 32,
+    limit=None,
+    replace_unk: bool = False,
+    progress: Callable[[int, int, float], None] | None = None,
+) -> list[list[Translation]]:
+    """Beam-search translations of ``sentences``: for each, its ``nbest`` best hypotheses, best first.
+
+    Sentences are sorted by length and batched at a few padded widths (:func:`length_batches`), each source
+    ending in ``</s>`` as in training. A sentence of ``n`` tokens may produce ``limit.tokens(n)`` tokens (then
+    ``</s>``), no more than the model can (:func:`model_length_cap`); each :class:`Translation` says its limit
+    and whether it stopped there (:func:`length_limit_report` counts them). A blank sentence gets ``nbest``
+    empty hypotheses (score 0) without decoding, so that an n-best list has ``nbest`` lines for it too.
+
+    Args:
+      loaded: the model and vocabularies (:func:`load_model`).
+      sentences: source sentences, whitespace-tokenised like the training corpus.
+      beam_size, alpha, beta: beam size and GNMT's length-normalisation / coverage-penalty weights.
+      nbest: hypotheses returned per sentence (``<= beam_size``).
+      batch_size: sentences per decoding batch.
+      limit: an ``attn_jax.decoding.LengthLimit``; None: the run's default, :func:`length_limit`.
+      replace_unk: replace a produced ``<unk>`` with the most-attended source token (word-level vocabularies
+        and models with attention only; otherwise ``<unk>`` stays).
+      progress: called after each batch with the sentences decoded so far, their total and the fraction of
+        the work done (source tokens, the longer sentences come last).
+
+    Returns:
+      ``len(sentences)`` lists of :class:`Translation`.
+    """
+    from attn_jax.decoding import beam_search
+
+    rule = length_limit(loaded.config) if limit is None else limit
+    try:
+        rule.check()
+    except ValueError as e:
+        raise TranslateError(str(e)) from None
+    # A model with a fixed-size decoder cache (the Transformer's ``max_length``) cannot emit more tokens.
+    cap = model_length_cap(loaded.model)
+    if not 1 <= nbest <= beam_size:
+        raise TranslateError(f"--nbest must be between 1 and the beam size {beam_size}, got {nbest}")
+    if batch_size < 1:
+        raise TranslateError(f"batch size must be >= 1, got {batch_size}")
+    src_vocab, tgt_vocab = loaded.src_vocab, loaded.tgt_vocab
+    word_level = getattr(src_vocab, "word_level", False) and getattr(tgt_vocab, "word_level", False)
+    encoded = [src_vocab.encode(s) for s in sentences]
+    if word_level:
+        source_tokens = [s.split() for s in sentences]
+    else:
+        source_tokens = [_token_strings(src_vocab, ids) for ids in encoded]
+    results: list[list[Translation]] = [[] for _ in sentences]
+    todo = [i for i, ids in enumerate(encoded) if ids]
+    for i in range(len(sentences)):
+        if not encoded[i]:
+            results[i] = [Translation("", [], [], 0.0, 0.0, None, [])] * nbest
+    lengths = [len(encoded[i]) + 1 for i in todo]
+    work_total, work_done, done = max(sum(lengths), 1), 0, 0
+    for chunk, width, rows in length_batches(lengths, batch_size):
+        members = [todo[c] for c in chunk]
+        src, mask = pad_rows([encoded[i] for i in members], width, rows, src_vocab.eos_id, src_vocab.pad_id)
+        # Tokens with </s>: per sentence, and the static width from the padded width (few compiled shapes).
+        width_limit = rule.tokens(width - 1) + 1
+        limits = [rule.tokens(len(encoded[i])) + 1 for i in members]
+        limits += [limits[0]] * (rows - len(members))  # the padding rows repeat the first sentence
+        if cap:
+            width_limit, limits = min(width_limit, cap), [min(n, cap) for n in limits]
+        try:
+            out = beam_search(
+                loaded.model,
+                src,
+                mask,
+                beam_size=beam_size,
+                num_return=nbest,
+                max_length=width_limit,
+                limits=np.asarray(limits, np.int32),
+                length_penalty_alpha=alpha,
+                coverage_penalty_beta=beta,
+                bos_id=tgt_vocab.bos_id,
+                eos_id=tgt_vocab.eos_id,
+                pad_id=tgt_vocab.pad_id,
+            )
+        except ValueError as e:
+            raise TranslateError(str(e).splitlines()[0]) from None
+        tokens, lens = np.asarray(out.tokens), np.asarray(out.lengths)
+        scores, log_probs = np.asarray(out.scores), np.asarray(out.log_probs)
+        truncated = np.asarray(out.truncated)
+        attention = None if out.attention is None else np.asarray(out.attention)
+        for r, i in enumerate(members):
+            n = len(encoded[i])
+            hyps = []
+            for k in range(nbest):
+                length = int(lens[r, k])
+                if length == 0:  # an empty n-best slot (too few hypotheses fit the length limit)
+                    continue
+                ids = [int(t) for t in tokens[r, k, : length - 1]]
+                words = _token_strings(tgt_vocab, ids)
+                attn = None if attention is None else attention[r, k, :length, : n + 1]
+                if replace_unk and word_level and attn is not None:
+                    words = [
+                        source_tokens[i][int(np.argmax(attn[j, :n]))] if t == tgt_vocab.unk_id else w
+                        for j, (t, w) in enumerate(zip(ids, words, strict=True))
+                    ]
+                text = " ".join(words) if word_level else tgt_vocab.decode(ids)
+                hyps.append(
+                    Translation(
+                        text,
+                        words,
+                        ids,
+                        float(scores[r, k]),
+                        float(log_probs[r, k]),
+                        attn,
+                        source_tokens[i],
+                        bool(truncated[r, k]),
+                        limits[r] - 1,
+                    )
+                )
+            results[i] = hyps
+        done += len(members)
+        work_done += sum(lengths[c] for c in chunk)
+        if progress is not None:
+            progress(done, len(todo), work_done / work_total)
+    return results
