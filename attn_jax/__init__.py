@@ -2,8 +2,8 @@
 
 The public face is flat: ``import attn_jax; attn_jax.additive_attention(...)``. Pure functions live in
 ``attn_jax.attention``; Flax NNX modules in ``attn_jax.nn``. The other packages (``nn``, ``models``,
-``decoding``, ``data``, ``eval``, ``parallel``, ``train``, ``typing``) are attributes too, imported on first use:
-``import attn_jax`` itself needs only jax (not Flax, optax, orbax, grain or TensorFlow).
+``decoding``, ``data``, ``eval``, ``parallel``, ``train``, ``pipeline``, ``typing``) are attributes too, imported
+on first use: ``import attn_jax`` itself needs only jax (not Flax, optax, orbax, grain or TensorFlow).
 """
 
 from attn_jax.attention import *  # noqa: F401,F403
@@ -14,7 +14,7 @@ __all__ = list(_attention_all)
 
 # Imported on first attribute access (PEP 562), so that `import attn_jax` stays light.
 _SUBMODULES = frozenset(
-    ("attention", "data", "decoding", "eval", "models", "nn", "parallel", "train", "typing")
+    ("attention", "data", "decoding", "eval", "models", "nn", "parallel", "pipeline", "train", "typing")
 )
 
 
