@@ -16,6 +16,7 @@ def _reference(w, src_mask, tgt_mask, gold=None):
     w = np.asarray(w, np.float64)
     ent, ent_norm, band, xs, ys = [], [], [], [], []
     cov_dev, cov_low, gold_mass, gold_hit = [], [], [], []
+    cells = zeros = 0
     for b in range(w.shape[0]):
         s_len, t_len = int(src_mask[b].sum()), int(tgt_mask[b].sum())
         cov = np.zeros(w.shape[2])
@@ -23,6 +24,10 @@ def _reference(w, src_mask, tgt_mask, gold=None):
             if not tgt_mask[b, j]:
                 continue
             row = [w[b, j, i] if src_mask[b, i] else 0.0 for i in range(w.shape[2])]
+            for i in range(w.shape[2]):
+                if src_mask[b, i]:
+                    cells += 1
+                    zeros += int(w[b, j, i] == 0.0)
             h = -sum(a * np.log(a) for a in row if a > 0)
             ent.append(h)
             ent_norm.append(h / np.log(s_len) if s_len > 1 else 0.0)
@@ -47,6 +52,7 @@ def _reference(w, src_mask, tgt_mask, gold=None):
         "attn_coverage_dev": np.mean(cov_dev),
         "attn_coverage_low": np.mean(cov_low),
         "attn_diag_band": np.mean(band),
+        "attn_zero_share": zeros / max(cells, 1),
         "attn_diag_corr": corr,
     }
     if gold_mass:
@@ -114,6 +120,7 @@ def test_monotone_and_reversed_alignments():
     assert d["attn_entropy"] == 0.0 and d["attn_coverage_dev"] == 0.0 and d["attn_coverage_low"] == 0.0
     assert d["attn_diag_band"] == pytest.approx(1.0) and d["attn_diag_corr"] == pytest.approx(1.0)
     assert d["attn_gold_mass"] == pytest.approx(1.0) and d["attn_gold_hit"] == 1.0
+    assert d["attn_zero_share"] == pytest.approx((n * n - n) / (n * n))  # all but the diagonal is exactly 0
     rev = eye[:, ::-1].copy()
     d = summarize_attention(attention_stats(rev, ones, ones, gold=eye.astype(bool)))
     assert d["attn_diag_corr"] == pytest.approx(-1.0)

@@ -43,12 +43,12 @@ def check_normalizer(normalizer) -> str:
     return normalizer
 
 
-def _descending(z: Float[Array, "... n"]) -> Float[Array, "... n"]:
+def _descending(z: Float[Array, "... S"]) -> Float[Array, "... S"]:
     """``z`` sorted largest first along the last axis."""
     return -jnp.sort(-z, axis=-1)
 
 
-def _sparsemax_forward(z: Float[Array, "... n"]) -> Float[Array, "... n"]:
+def _sparsemax_forward(z: Float[Array, "... S"]) -> Float[Array, "... S"]:
     """Sparsemax over the last axis of float32 ``z`` (Martins & Astudillo 2016, algorithm 1)."""
     z = z - jnp.max(z, axis=-1, keepdims=True)  # shift-invariant; keeps the cumulative sums small
     zs = _descending(z)
@@ -61,7 +61,7 @@ def _sparsemax_forward(z: Float[Array, "... n"]) -> Float[Array, "... n"]:
 
 
 @jax.custom_vjp
-def _sparsemax_last(z: Float[Array, "... n"]) -> Float[Array, "... n"]:
+def _sparsemax_last(z: Float[Array, "... S"]) -> Float[Array, "... S"]:
     """Sparsemax over the last axis of float32 ``z`` with the closed-form VJP."""
     return _sparsemax_forward(z)
 
@@ -81,7 +81,7 @@ def _sparsemax_bwd(p, g):
 _sparsemax_last.defvjp(_sparsemax_fwd, _sparsemax_bwd)
 
 
-def _entmax15_forward(z: Float[Array, "... n"]) -> Float[Array, "... n"]:
+def _entmax15_forward(z: Float[Array, "... S"]) -> Float[Array, "... S"]:
     """1.5-entmax over the last axis of float32 ``z`` (Peters et al. 2019, algorithm 2, exact by sorting)."""
     x = z / 2
     x = x - jnp.max(x, axis=-1, keepdims=True)  # τ ∈ [−1, 0): the support's values are O(1), no cancellation
@@ -98,7 +98,7 @@ def _entmax15_forward(z: Float[Array, "... n"]) -> Float[Array, "... n"]:
 
 
 @jax.custom_vjp
-def _entmax15_last(z: Float[Array, "... n"]) -> Float[Array, "... n"]:
+def _entmax15_last(z: Float[Array, "... S"]) -> Float[Array, "... S"]:
     """1.5-entmax over the last axis of float32 ``z`` with the closed-form VJP."""
     return _entmax15_forward(z)
 
@@ -133,7 +133,7 @@ def _apply(last_axis_fn, x, axis: int, name: str):
     return jnp.moveaxis(last_axis_fn(z), -1, axis).astype(x.dtype)
 
 
-def sparsemax(x: Float[Array, "... n"], axis: int = -1) -> Float[Array, "... n"]:
+def sparsemax(x: Float[Array, "... S"], axis: int = -1) -> Float[Array, "... S"]:
     r"""Sparsemax: the Euclidean projection of ``x`` onto the probability simplex along ``axis``.
 
     .. math:: \operatorname{sparsemax}(z) = \arg\min_{p \in \Delta} \|p - z\|^2 = [z - \tau(z)]_+, \qquad
@@ -145,7 +145,7 @@ def sparsemax(x: Float[Array, "... n"], axis: int = -1) -> Float[Array, "... n"]
     ``g`` minus its mean over the support, on the support). Entries at or below ``τ`` get exactly 0.
 
     Args:
-      x: finite scores ``[..., n]``, any float dtype (computed in float32).
+      x: finite scores ``[..., S]``, any float dtype (computed in float32).
       axis: the axis normalised over.
 
     Returns:
@@ -157,7 +157,7 @@ def sparsemax(x: Float[Array, "... n"], axis: int = -1) -> Float[Array, "... n"]
     return _apply(_sparsemax_last, x, axis, "sparsemax")
 
 
-def entmax15(x: Float[Array, "... n"], axis: int = -1) -> Float[Array, "... n"]:
+def entmax15(x: Float[Array, "... S"], axis: int = -1) -> Float[Array, "... S"]:
     r"""1.5-entmax along ``axis``: sparse like sparsemax, smoother like softmax.
 
     .. math:: \operatorname{entmax}_{1.5}(z) = \arg\max_{p \in \Delta} p^\top z + H^T_{1.5}(p)
@@ -167,7 +167,7 @@ def entmax15(x: Float[Array, "... n"], axis: int = -1) -> Float[Array, "... n"]:
     (their algorithm 2), and the Jacobian ``diag(s) − s sᵀ / Σ s`` with ``s = √p`` as the ``custom_vjp``.
 
     Args:
-      x: finite scores ``[..., n]``, any float dtype (computed in float32).
+      x: finite scores ``[..., S]``, any float dtype (computed in float32).
       axis: the axis normalised over.
 
     Returns:

@@ -12,6 +12,8 @@ from typing import Literal
 
 import jax.numpy as jnp
 
+from attn_jax.attention import NORMALIZERS
+
 __all__ = ["ARCHS", "SCORERS", "RNNConfig", "paper_config", "small_config"]
 
 Arch = Literal["rnnsearch", "rnnenc"]
@@ -61,6 +63,10 @@ class RNNConfig:
       attention_init: initialisation of the additive scorer (``scorer="additive"``): ``"fan_in"``
         (fan-in-scaled normals) or ``"paper"`` (appendix B.1: ``W_a, U_a ~ N(0, 0.001²)``, ``v_a = 0``); see
         ``attn_jax.attention.init_additive_params``.
+      normalizer: what turns RNNsearch's scores into attention weights: ``"softmax"`` (the paper),
+        ``"sparsemax"`` (Martins & Astudillo 2016) or ``"entmax15"`` (1.5-entmax, Peters et al. 2019), which
+        can give source words exactly zero weight (``attn_jax.masked_normalize``); every scorer, local-p
+        included. The intra-attention encoder keeps its softmax. RNNenc has no attention: only ``"softmax"``.
       param_dtype: dtype the parameters are stored in.
       dtype: compute dtype of matmul operands and activations (``"bfloat16"`` for mixed precision; recurrent
         states, attention logits, softmax and output logits stay float32).
@@ -78,6 +84,7 @@ class RNNConfig:
     intra_attention: bool = False
     local_window: int = 10
     attention_init: str = "fan_in"
+    normalizer: str = "softmax"
     param_dtype: str = "float32"
     dtype: str = "float32"
 
@@ -100,6 +107,14 @@ class RNNConfig:
             )
         if self.attention_init == "paper" and self.scorer == "normed_additive":
             raise ValueError("model config: attention_init='paper' (v_a = 0) cannot be weight-normalised")
+        if self.normalizer not in NORMALIZERS:
+            raise ValueError(
+                f"model config: normalizer must be one of {', '.join(NORMALIZERS)}; got {self.normalizer!r}"
+            )
+        if self.normalizer != "softmax" and self.arch != "rnnsearch":
+            raise ValueError(
+                f"model config: normalizer={self.normalizer!r} needs attention (arch='rnnsearch'); RNNenc has none"
+            )
         if self.input_feeding and self.arch != "rnnsearch":
             raise ValueError(
                 "model config: input_feeding needs attention (arch='rnnsearch'); RNNenc has none"

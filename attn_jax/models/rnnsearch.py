@@ -14,7 +14,8 @@ Decoder (A.2.2), at target position ``i`` with previous word ``y_{i-1}`` and sta
     p(y_i | y_<i, x) = softmax(W_o t_i)
 
 Scorers (``RNNConfig.scorer``), all reading the query ``s_{i-1}`` and normalised over the source with padding
-masked:
+masked, by a softmax as in the paper or, with ``RNNConfig.normalizer``, by sparsemax (Martins & Astudillo 2016) or
+1.5-entmax (Peters et al. 2019), which can give source words exactly zero weight:
 
 * ``additive`` — the paper's ``v_aᵀ tanh(W_a s_{i-1} + U_a h_j)``; ``U_a h_j`` is computed once in
   :meth:`encode`.
@@ -61,7 +62,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from attn_jax.attention import _local, _luong
-from attn_jax.attention._softmax import attend
+from attn_jax.attention._normalizers import attend_normalized
 from attn_jax.models.interface import EncoderOutput, RNNDecoderState, check_source, check_tokens
 from attn_jax.models.presets import RNNConfig
 from attn_jax.nn._params import partitioned, unwrap, wrap
@@ -129,6 +130,7 @@ class RNNsearch(nnx.Module):
                 config.align,
                 normalize=config.scorer == "normed_additive",
                 init=config.attention_init,
+                normalizer=config.normalizer,
                 param_dtype=pd,
                 rngs=rngs,
             )
@@ -196,9 +198,10 @@ class RNNsearch(nnx.Module):
                 mask=mask,
                 gaussian=True,
                 return_weights=True,
+                normalizer=self.config.normalizer,
             )
         else:
-            ctx, w = attend(scores, enc.memory, mask)
+            ctx, w = attend_normalized(scores, enc.memory, mask, normalizer=self.config.normalizer)
         return ctx[:, 0], w[:, 0]
 
     def _step(

@@ -20,7 +20,8 @@ NLL per token; ``async_checkpoints`` (True) — orbax writes in the background.
 ``model.arch`` picks the model and with it the other ``model.*`` keys: the fields of its config class except the
 vocabulary sizes (taken from the built vocabularies) and the dtypes (``mixed_precision``). ``rnnsearch`` /
 ``rnnenc`` (:class:`attn_jax.models.RNNConfig`): ``embed``, ``hidden``, ``maxout``, ``align``, ``scorer``,
-``input_feeding``, ``local_window``, ``intra_attention``, ``attention_init``; ``gnmt`` (:class:`attn_jax.models.GNMTConfig`): ``embed``, ``hidden``,
+``input_feeding``, ``local_window``, ``intra_attention``, ``attention_init``, ``normalizer`` (``softmax``,
+``sparsemax`` or ``entmax15``: what turns the attention scores into weights); ``gnmt`` (:class:`attn_jax.models.GNMTConfig`): ``embed``, ``hidden``,
 ``encoder_layers``, ``decoder_layers``, ``residual_start``, ``attention``, ``align``, ``pipeline_stages``;
 ``transformer`` (:class:`attn_jax.models.TransformerConfig`): ``d_model``, ``heads``, ``d_ff``, ``encoder_layers``,
 ``decoder_layers``, ``dropout``, ``norm``, ``positions``, ``max_length``, ``share_embeddings``.

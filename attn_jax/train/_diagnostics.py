@@ -19,6 +19,9 @@ target rows ``R = {(b, j): tgt_mask[b, j]}``, real source positions ``{(b, i): s
 * ``attn_diag_corr`` — Pearson correlation, pooled over ``R``, of ``v_j`` with ``u_{argmax_i α[b, j, i]}``:
   1 for a monotone (diagonal) alignment, near 0 for one unrelated to word order; ``None`` when either
   position has zero variance (e.g. every row's argmax is the first word).
+* ``attn_zero_share`` — the fraction of real cells ``(b, j, i)`` (real target row, real source position) whose
+  weight is exactly 0: about 0 for a softmax (only underflow gives an exact zero), large for sparsemax or
+  1.5-entmax (``model.normalizer``), whose point is to ignore source words outright.
 * ``attn_gold_mass`` / ``attn_gold_hit`` (only when gold alignments come with the batch, e.g. the built-in
   corpus) — over target rows with at least one gold link: the mean attention mass on the gold source words,
   and the fraction of rows whose argmax is a gold source word.
@@ -51,6 +54,8 @@ class AttentionStats(NamedTuple):
     coverage_dev: Float[Array, ""]
     coverage_low: Float[Array, ""]
     band_mass: Float[Array, ""]
+    cells: Float[Array, ""]
+    zeros: Float[Array, ""]
     sum_x: Float[Array, ""]
     sum_y: Float[Array, ""]
     sum_xx: Float[Array, ""]
@@ -109,6 +114,9 @@ def attention_stats(
     band = jnp.abs(u[:, None, :] - v[:, :, None]) <= DIAG_BAND + 1e-6  # [B, T, S]
     band_mass = jnp.sum(jnp.where(band, w, 0.0), axis=-1)  # [B, T]
 
+    real = src_mask[:, None, :] & tgt_mask[:, :, None]  # [B, T, S]
+    zeros = jnp.sum(real & (w == 0.0))
+
     top = jnp.argmax(w, axis=-1)  # [B, T]
     y = jnp.take_along_axis(u, top, axis=-1)  # [B, T]
     x = v
@@ -130,6 +138,8 @@ def attention_stats(
         coverage_dev=jnp.sum(src * jnp.abs(coverage - 1.0)),
         coverage_low=jnp.sum(src * (coverage < 0.5)),
         band_mass=jnp.sum(rows * band_mass),
+        cells=jnp.sum(real).astype(jnp.float32),
+        zeros=zeros.astype(jnp.float32),
         sum_x=jnp.sum(rows * x),
         sum_y=jnp.sum(rows * y),
         sum_xx=jnp.sum(rows * x * x),
@@ -147,7 +157,7 @@ def summarize_attention(stats: AttentionStats) -> dict[str, float | None]:
     >>> s = attention_stats(jnp.eye(3)[None], jnp.ones((1, 3), bool), jnp.ones((1, 3), bool))
     >>> {k: round(v, 3) for k, v in summarize_attention(s).items()}
     {'attn_entropy': 0.0, 'attn_entropy_norm': 0.0, 'attn_coverage_dev': 0.0, 'attn_coverage_low': 0.0, \
-'attn_diag_band': 1.0, 'attn_diag_corr': 1.0}
+'attn_diag_band': 1.0, 'attn_zero_share': 0.667, 'attn_diag_corr': 1.0}
     """
     s = {k: float(np.asarray(v, np.float64)) for k, v in stats._asdict().items()}
     n = max(s["rows"], 1.0)
@@ -157,6 +167,7 @@ def summarize_attention(stats: AttentionStats) -> dict[str, float | None]:
         "attn_coverage_dev": s["coverage_dev"] / max(s["src_positions"], 1.0),
         "attn_coverage_low": s["coverage_low"] / max(s["src_positions"], 1.0),
         "attn_diag_band": s["band_mass"] / n,
+        "attn_zero_share": s["zeros"] / max(s["cells"], 1.0),
     }
     var_x = s["sum_xx"] / n - (s["sum_x"] / n) ** 2
     var_y = s["sum_yy"] / n - (s["sum_y"] / n) ** 2
