@@ -28,6 +28,7 @@ MODULES = [
     "attn_jax.train._config",
     "attn_jax.train._tensorboard",
     "attn_jax.data._corpus",
+    "attn_jax.pipeline._attention",
 ]
 
 
