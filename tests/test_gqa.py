@@ -160,6 +160,26 @@ def test_grouped_keys_are_never_repeated(rng, implementation):
     assert f"{B}x2x3x{T}x{K}xf32" in hlo  # the queries, viewed as [B, G, H/G, T, K]
 
 
+@pytest.mark.numerics
+def test_xla_uses_the_hand_written_derivative_and_forward_mode_works(rng):
+    """The grouped "xla" path runs the FlashAttention-style custom_jvp (as ungrouped attention does), whose
+    forward-mode derivative equals that of repeated keys/values."""
+    q, k, v = _inputs(rng, 2)
+    mask = _mask(rng, (B, H, T, S))
+
+    def grouped(q, k, v):
+        return dot_product_attention(q, k, v, mask, num_kv_heads=2, implementation="xla")
+
+    def repeated(q, k, v):
+        return dot_product_attention(q, _repeat_kv(k, 2), _repeat_kv(v, 2), mask, implementation="xla")
+
+    assert "custom_jvp_call" in {e.primitive.name for e in jax.make_jaxpr(grouped)(q, k, v).eqns}
+    tangents = _inputs(rng, 2)
+    assert_close_f32(
+        jax.jvp(grouped, (q, k, v), tangents), jax.jvp(repeated, (q, k, v), tangents), reduction=REDUCTION
+    )
+
+
 @pytest.mark.parametrize("implementation", ["xla", "chunked"])
 def test_num_kv_heads_equal_to_heads_is_the_same_program(rng, implementation):
     """``num_kv_heads=H`` is ordinary multi-head attention: bit for bit the results (and gradients) of ``None``."""

@@ -168,10 +168,10 @@ def dot_product_attention(
     ``h // (H / G)`` (consecutive groups of ``H / G`` query heads share one, as in ``jax.nn``'s GQA). Masks,
     biases and lengths are shaped for the ``H`` query heads (``[..., H|1, T, S]``). The repeated keys and values
     are never materialised: the queries are viewed as ``[..., G, H/G, T, K]`` and each key/value head broadcasts
-    over its group (a size-1 axis that the products contract without copying), on ``"xla"`` and ``"chunked"``
-    alike; ``"xla"`` differentiates this case by plain autodiff. ``"cudnn"`` refuses it (``ValueError``) and
-    ``None`` never picks it for it (when ``H > G``). ``num_kv_heads=H`` is ordinary multi-head attention, the very same program as
-    ``None``.
+    over its group (a size-1 axis that the products contract without copying), on ``"xla"`` (with its
+    hand-written derivative in the common case above) and ``"chunked"`` alike, in both passes. ``"cudnn"``
+    refuses it (``ValueError``) and ``None`` never picks it for it (when ``H > G``). ``num_kv_heads=H`` is
+    ordinary multi-head attention, the very same program as ``None``.
 
     Args:
       query: ``[..., T, K]``.
@@ -234,6 +234,39 @@ def dot_product_attention(
             local_window=local_window,
             num_kv_heads=num_kv_heads,
         )
+    return _attention(
+        query,
+        key,
+        value,
+        mask,
+        bias=bias,
+        scale=scale,
+        return_weights=return_weights,
+        causal=causal,
+        implementation=implementation,
+        query_lengths=query_lengths,
+        key_lengths=key_lengths,
+        local_window=local_window,
+    )
+
+
+def _attention(
+    query,
+    key,
+    value,
+    mask,
+    *,
+    bias,
+    scale,
+    return_weights,
+    causal,
+    implementation,
+    query_lengths,
+    key_lengths,
+    local_window,
+    grouped=False,
+):
+    """:func:`dot_product_attention` without ``num_kv_heads``; ``grouped``: operands from :func:`_group_operands`."""
     logits_shape = _check_inputs(query, key, value, mask, bias)
     _check_lengths(query_lengths, key_lengths, logits_shape)
     window = sliding_window(local_window)
@@ -299,7 +332,11 @@ def dot_product_attention(
         window_mask = sliding_window_mask(logits_shape[-2], logits_shape[-1], window)
         mask = window_mask if mask is None else jnp.logical_and(mask, window_mask)
     batch = np.shape(query)[:-2]
-    if not return_weights and _is_static(scale) and np.shape(key)[:-2] == batch == np.shape(value)[:-2]:
+    same_batch = np.shape(key)[:-2] == batch == np.shape(value)[:-2]
+    # grouped-query keys/values broadcast over each group's query heads (query holds the whole batch): the products
+    # contract the size-1 group axis without copying, in this derivative as in autodiff's
+    same_batch = same_batch or (grouped and batch == tuple(logits_shape[:-2]))
+    if not return_weights and _is_static(scale) and same_batch:
         # the same forward as below with FlashAttention's derivative: fwd+bwd ~20-25% faster at T = S = 256 on
         # CPU, one or two fewer [T, S] temporaries
         return _plain_attention(scale, query, key, value, mask, None if bias is None else jnp.asarray(bias))
@@ -504,8 +541,17 @@ def _grouped_attention(
             window=sliding_window(local_window),
             grouped=True,
         )
-    out = dot_product_attention(
-        q, k, v, m, bias=b, implementation=implementation, query_lengths=ql, key_lengths=kl, **options
+    out = _attention(
+        q,
+        k,
+        v,
+        m,
+        bias=b,
+        implementation=implementation,
+        query_lengths=ql,
+        key_lengths=kl,
+        grouped=True,
+        **options,
     )
 
     def merge(x):  # [..., G, H/G, T, X] -> [..., H, T, X]
