@@ -69,6 +69,10 @@ def build_model(config: ModelConfig, *, rngs: nnx.Rngs) -> RNNsearch | RNNenc | 
     >>> build_model(small_config("rnnenc", src_vocab=10, tgt_vocab=10), rngs=nnx.Rngs(0)).__class__.__name__
     'RNNenc'
     """
+    if not isinstance(config, RNNConfig | GNMTConfig | TransformerConfig) and callable(
+        getattr(config, "build", None)
+    ):
+        return config.build(rngs=rngs)  # your own model: its config builds it (attn_jax.train.model_class)
     if isinstance(config, GNMTConfig):
         return GNMT(config, rngs=rngs)
     if isinstance(config, TransformerConfig):

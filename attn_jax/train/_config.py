@@ -111,17 +111,63 @@ class ConfigError(ValueError):
     """A config cannot be loaded, overridden or used; the message is one line and names the key or file."""
 
 
+def model_class(arch: str) -> type:
+    """The config class ``model.arch`` names: one of :data:`MODEL_CLASSES`, or a user's ``"module:Class"``.
+
+    A user's class (bring your own model; ``examples/own_model.py``) is a frozen dataclass with ``src_vocab`` and
+    ``tgt_vocab`` fields, every other field with a default, and a ``build(*, rngs)`` method returning an NNX module
+    with the decoding-step interface (:class:`attn_jax.models.Seq2SeqModel`). ``module`` must be importable
+    (installed, or on ``sys.path``); it is imported here, by name, because no import in this package can know it.
+
+    >>> model_class("gnmt").__name__
+    'GNMTConfig'
+    """
+    if not isinstance(arch, str):
+        raise ConfigError(f"model.arch must be a string, got {arch!r}")
+    if arch in MODEL_CLASSES:
+        return MODEL_CLASSES[arch]
+    if ":" not in arch:
+        raise ConfigError(
+            f"model.arch must be one of {', '.join(MODEL_CLASSES)} or 'module:Class' (your own model); got {arch!r}"
+        )
+    module_name, _, qualname = arch.partition(":")
+    try:
+        obj = importlib.import_module(module_name)
+    except ImportError as e:
+        raise ConfigError(f"model.arch={arch!r}: cannot import module {module_name!r} ({e})") from None
+    for part in qualname.split("."):
+        obj = getattr(obj, part, None)
+        if obj is None:
+            raise ConfigError(f"model.arch={arch!r}: module {module_name!r} has no {qualname!r}")
+    field_names = {f.name for f in dataclasses.fields(obj)} if dataclasses.is_dataclass(obj) else set()
+    problem = (
+        "is not a dataclass"
+        if not dataclasses.is_dataclass(obj) or not isinstance(obj, type)
+        else "lacks the fields src_vocab and tgt_vocab"
+        if not {"src_vocab", "tgt_vocab"} <= field_names
+        else "has no build(*, rngs) method"
+        if not callable(getattr(obj, "build", None))
+        else None
+    )
+    if problem:
+        raise ConfigError(f"model.arch={arch!r}: {qualname} {problem} (see attn_jax.train.model_class)")
+    return obj
+
+
 def model_defaults(arch: str) -> ml_collections.ConfigDict:
     """The ``model`` group for ``arch``: ``arch`` plus the fields of its config class, with their defaults.
 
     >>> sorted(model_defaults("gnmt"))[:3]
     ['align', 'arch', 'attention']
     """
-    if arch not in MODEL_CLASSES:
-        raise ConfigError(f"model.arch must be one of {', '.join(MODEL_CLASSES)}; got {arch!r}")
-    fields = {
-        f.name: f.default for f in dataclasses.fields(MODEL_CLASSES[arch]) if f.name not in _MODEL_EXCLUDED
-    }
+    cls = model_class(arch)
+    fields = {}
+    for f in dataclasses.fields(cls):
+        if f.name in _MODEL_EXCLUDED or f.name == "arch":
+            continue
+        if f.default is dataclasses.MISSING:
+            raise ConfigError(f"model.arch={arch!r}: field {f.name!r} of {cls.__name__} needs a default")
+        fields[f.name] = f.default
     fields["arch"] = arch
     return ml_collections.ConfigDict(fields)
 
@@ -256,8 +302,10 @@ def load_config(spec: str) -> ml_collections.ConfigDict:
 def _schema(config: ml_collections.ConfigDict, source: str) -> ml_collections.ConfigDict:
     """The defaults of ``config``'s architecture (``model.arch``), i.e. the keys it must have."""
     arch = config.get("model", {}).get("arch", "rnnsearch")
-    if arch not in MODEL_CLASSES:
-        raise ConfigError(f"{source}: model.arch must be one of {', '.join(MODEL_CLASSES)}; got {arch!r}")
+    try:
+        model_class(arch)
+    except ConfigError as e:
+        raise ConfigError(f"{source}: {e}") from None
     return default_config(arch)
 
 
@@ -383,17 +431,20 @@ def model_config(config: ml_collections.ConfigDict, src_vocab: int, tgt_vocab: i
     """The model's config object (``model.arch``'s class): ``config.model`` plus vocabulary sizes and the
     mixed-precision dtype."""
     fields = config.model.to_dict()
-    cls = MODEL_CLASSES.get(fields.get("arch"))
-    if cls is None:
-        raise ConfigError(f"model.arch must be one of {', '.join(MODEL_CLASSES)}; got {fields.get('arch')!r}")
-    if "arch" not in {f.name for f in dataclasses.fields(cls)}:
+    cls = model_class(fields.get("arch"))
+    names = {f.name for f in dataclasses.fields(cls)}
+    if "arch" not in names:
         fields.pop("arch")
+    dtypes = dict(param_dtype="float32", dtype="bfloat16" if config.mixed_precision else "float32")
+    if config.mixed_precision and "dtype" not in names:
+        raise ConfigError(
+            f"mixed_precision needs a dtype field in {cls.__name__} (model.arch={config.model.arch!r})"
+        )
     try:
         return cls(
             src_vocab=src_vocab,
             tgt_vocab=tgt_vocab,
-            param_dtype="float32",
-            dtype="bfloat16" if config.mixed_precision else "float32",
+            **{k: v for k, v in dtypes.items() if k in names},
             **fields,
         )
     except (ValueError, TypeError) as e:

@@ -148,9 +148,12 @@ class TrainResult(NamedTuple):
 
 def _attention_label(m) -> str:
     """What the training log says of a model's attention (RNNenc has none)."""
-    if m.arch == "rnnenc":
+    arch = getattr(m, "arch", None)
+    if arch is None:  # your own model: model.arch names its class
+        return "your own model's"
+    if arch == "rnnenc":
         return "none, fixed-length context"
-    if m.arch == "transformer":
+    if arch == "transformer":
         return f"multi-head scaled dot-product, {m.heads} heads"
     return str(getattr(m, "scorer", None) or getattr(m, "attention", None))
 
@@ -578,8 +581,8 @@ def train_and_evaluate(
                 json.dump(config_dict, f, indent=2, sort_keys=True)
         m = step_cfg.model
         logger.log(
-            f"model: {m.arch} (attention: {_attention_label(m)}) with {param_count(m):,} parameters, vocabularies "
-            f"{m.src_vocab:,} / {m.tgt_vocab:,}, compute {m.dtype}; optimizer {step_cfg.optimizer.name}; "
+            f"model: {getattr(m, 'arch', config.model.arch)} (attention: {_attention_label(m)}) with {param_count(m):,} parameters, vocabularies "
+            f"{m.src_vocab:,} / {m.tgt_vocab:,}, compute {getattr(m, 'dtype', 'float32')}; optimizer {step_cfg.optimizer.name}; "
             f"training batches in {len(inputs.train.plan.shapes)} shape(s) {inputs.train.plan.shapes}"
         )
         for line in _data_lines(config, inputs):
