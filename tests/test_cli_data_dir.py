@@ -100,7 +100,7 @@ def test_reuse_writes_nothing_and_says_so(built, capsys, monkeypatch):
 
 
 def test_cpp_log_lines_are_dropped_and_errors_kept(capfd):
-    from attn_jax.cli_data import _filter_fd2
+    from attn_jax.cli._data import _filter_fd2
 
     with _filter_fd2():
         os.write(
@@ -118,7 +118,7 @@ def test_cpp_log_lines_are_dropped_and_errors_kept(capfd):
 
 @pytest.mark.parametrize("verbose", [False, True])
 def test_verbose_lets_tfds_output_through(verbose, capsys, caplog, monkeypatch):
-    from attn_jax.cli_data import _third_party_output
+    from attn_jax.cli._data import _third_party_output
 
     monkeypatch.delenv("TF_CPP_MIN_LOG_LEVEL", raising=False)
     caplog.set_level(logging.NOTSET)

@@ -12,8 +12,8 @@ import sys
 import pytest
 
 from attn_jax._extras import EXTRA_OF, MissingExtra, missing_extra, require
-from attn_jax._help import plain, summary
 from attn_jax.cli import build_parser, main
+from attn_jax.cli._help import plain, summary
 
 _SUBCOMMANDS = ("data", "train", "translate", "evaluate")
 
@@ -293,7 +293,7 @@ def translate_run(tmp_path_factory):
 
 
 def test_blank_line_gets_nbest_empty_hypotheses(translate_run):
-    from attn_jax.cli_translate import format_translations
+    from attn_jax.cli._translate import format_translations
     from attn_jax.pipeline import load_model, translate_sentences
 
     loaded = load_model(translate_run)

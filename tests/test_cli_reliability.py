@@ -10,7 +10,7 @@ import shutil
 import pytest
 
 from attn_jax.cli import main
-from attn_jax.cli_translate import split_lines
+from attn_jax.cli._translate import split_lines
 from attn_jax.pipeline import load_model, translate_sentences
 from tests.test_cli_translate import make_run
 

@@ -5,7 +5,7 @@ import argparse
 import pytest
 
 from attn_jax.cli import main
-from attn_jax.cli_data import add_data_parser, run_data
+from attn_jax.cli._data import add_data_parser, run_data
 from attn_jax.data import SyntheticSpec, generate_synthetic
 
 

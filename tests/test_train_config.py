@@ -7,7 +7,7 @@ import ml_collections
 import pytest
 
 from attn_jax.cli import main
-from attn_jax.cli_train import _split_overrides
+from attn_jax.cli._train import _split_overrides
 from attn_jax.train import (
     ConfigError,
     apply_overrides,

@@ -132,7 +132,12 @@ def test_schedules_by_hand():
     # warm-up 2, stable until step 6, then linear to 0.25 at step 10: 0.25 of the way per step over 4 steps
     wsd = make_schedule(
         OptimizerConfig(
-            name="adam", learning_rate=1.0, warmup_steps=2, decay="linear", decay_start=6, decay_steps=10,
+            name="adam",
+            learning_rate=1.0,
+            warmup_steps=2,
+            decay="linear",
+            decay_start=6,
+            decay_steps=10,
             final_lr_fraction=0.25,
         )
     )

@@ -14,7 +14,7 @@ import time
 import pytest
 
 from attn_jax.cli import main
-from attn_jax.cli_translate import LineStream, split_lines
+from attn_jax.cli._translate import LineStream, split_lines
 from attn_jax.pipeline import TranslateError
 from tests.test_cli_translate import make_run
 

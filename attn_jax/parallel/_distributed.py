@@ -22,7 +22,7 @@ reach, because the runtime terminates it from its own threads first: the coordin
 connection closes, and the runtime reacts within milliseconds), a peer that hangs without dying (the runtime's
 heartbeat timeout, ``heartbeat_timeout_s``), and runs whose coordinator, process count and id come from a
 cluster launcher (Slurm, ``mpirun``, TPU; the launcher stops the remaining tasks). ``attn-jax train`` covers the
-first two with a parent process (``attn_jax/cli_supervise.py``).
+first two with a parent process (``attn_jax/cli/_supervise.py``).
 """
 
 from __future__ import annotations

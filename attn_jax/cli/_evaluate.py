@@ -66,7 +66,7 @@ import math
 import os
 import sys
 
-from attn_jax.cli_translate import add_length_limit_flags, parse_checkpoint
+from attn_jax.cli._translate import add_length_limit_flags, parse_checkpoint
 from attn_jax.pipeline import (
     TranslateError,
     bleu_flags_problem,
@@ -81,7 +81,7 @@ __all__ = ["add_evaluate_parser", "run_evaluate"]
 
 def add_evaluate_parser(subparsers) -> argparse.ArgumentParser:
     """Add the ``evaluate`` subcommand to an ``argparse`` subparsers object; its handler is :func:`run_evaluate`."""
-    from attn_jax._help import summary
+    from attn_jax.cli._help import summary
 
     p = subparsers.add_parser(
         "evaluate",

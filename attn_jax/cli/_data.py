@@ -38,7 +38,7 @@ _SPLIT = "{split}"  # in a file path: the split name, as in the trainer's data.s
 
 def add_data_parser(subparsers) -> argparse.ArgumentParser:
     """Add the ``data`` subcommand to an ``argparse`` subparsers object; its handler is :func:`run_data`."""
-    from attn_jax._help import summary
+    from attn_jax.cli._help import summary
 
     p = subparsers.add_parser(
         "data",

@@ -34,7 +34,7 @@ coordinator, HOST:PORT) stopped without a goodbye ...``), one that hangs after `
 (``process 1 of 2 sent no heartbeat for S s ...``), and one that ends with an error by its exit status (``process
 1 of 2 left with exit status 3 ...``): every survivor prints that one line and exits with 4. To keep the JAX
 runtime's own reaction (``SIGABRT`` and a C++ stack trace) off the terminal, such a process runs the trainer as
-a child of itself and relays its output (``attn_jax/cli_supervise.py``). Under a cluster launcher the launcher
+a child of itself and relays its output (``attn_jax/cli/_supervise.py``). Under a cluster launcher the launcher
 handles lost tasks instead.
 
 Every config field can be overridden with ``--config.<key>=<value>`` (or ``--config.<key> <value>``); the value
@@ -92,7 +92,7 @@ def _split_overrides(args: list[str]) -> tuple[list[str], list[str]]:
 
 def add_train_parser(subparsers) -> argparse.ArgumentParser:
     """Add the ``train`` subcommand to an ``argparse`` subparsers object; its handler is :func:`run_train`."""
-    from attn_jax._help import summary
+    from attn_jax.cli._help import summary
 
     p = subparsers.add_parser(
         "train",
@@ -258,7 +258,7 @@ def _print_config(args: argparse.Namespace) -> int:
 
 def run_train(args: argparse.Namespace) -> int:
     """Run ``attn-jax train`` with parsed arguments; returns the exit status."""
-    from attn_jax.cli_supervise import WORKER_ENV, supervise, watch_parent
+    from attn_jax.cli._supervise import WORKER_ENV, supervise, watch_parent
 
     if getattr(args, "print_config", False):
         return _print_config(args)
@@ -271,7 +271,7 @@ def run_train(args: argparse.Namespace) -> int:
     heartbeat = getattr(args, "heartbeat_timeout", 60)
     multi = None not in flags and isinstance(flags[1], int) and flags[1] > 1
     if multi and WORKER_ENV not in os.environ and getattr(args, "argv", None) is not None:
-        return supervise(args.argv, *flags, heartbeat)  # the trainer runs in a child; see cli_supervise.py
+        return supervise(args.argv, *flags, heartbeat)  # the trainer runs in a child; see cli/_supervise.py
     if WORKER_ENV in os.environ:
         watch_parent()
     import jax  # lazy: `attn-jax --help` and `attn-jax data` stay fast

@@ -7,11 +7,11 @@ import sys
 from collections.abc import Sequence
 
 from attn_jax._extras import missing_extra
-from attn_jax.cli_average import add_average_parser
-from attn_jax.cli_data import add_data_parser
-from attn_jax.cli_evaluate import add_evaluate_parser
-from attn_jax.cli_train import add_train_parser
-from attn_jax.cli_translate import add_translate_parser
+from attn_jax.cli._average import add_average_parser
+from attn_jax.cli._data import add_data_parser
+from attn_jax.cli._evaluate import add_evaluate_parser
+from attn_jax.cli._train import add_train_parser
+from attn_jax.cli._translate import add_translate_parser
 
 
 def version_line() -> str:
@@ -63,7 +63,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``attn-jax``; returns the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
-    args.argv = argv  # a multi-process train re-runs itself as its worker (attn_jax/cli_supervise.py)
+    args.argv = argv  # a multi-process train re-runs itself as its worker (attn_jax/cli/_supervise.py)
     try:
         return args.func(args)
     except ModuleNotFoundError as e:  # an optional package the subcommand imports on its way

@@ -33,7 +33,7 @@ def parse_steps(value: str) -> list[int]:
 
 def add_average_parser(subparsers) -> argparse.ArgumentParser:
     """Add the ``average`` subcommand to an ``argparse`` subparsers object; its handler is :func:`run_average`."""
-    from attn_jax._help import summary
+    from attn_jax.cli._help import summary
 
     p = subparsers.add_parser(
         "average",

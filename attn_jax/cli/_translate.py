@@ -112,7 +112,7 @@ def parse_checkpoint(value: str) -> str | int:
 
 def add_translate_parser(subparsers) -> argparse.ArgumentParser:
     """Add the ``translate`` subcommand to an ``argparse`` subparsers object; its handler is :func:`run_translate`."""
-    from attn_jax._help import summary
+    from attn_jax.cli._help import summary
 
     p = subparsers.add_parser(
         "translate",
