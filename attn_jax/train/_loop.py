@@ -670,6 +670,12 @@ def _train(config, config_dict, place, inputs, ckpt, logger, latest) -> TrainRes
         if not (math.isfinite(loss["loss"]) and math.isfinite(grad_norm)):
             raise _diverged(f"loss {loss['loss']}, gradient norm {grad_norm}", step, ckpt)
         window.add(loss, grad_norm, None if step == start + 1 else time.monotonic() - tic)
+        if step == start + 1:  # the silent stretch before the first progress line is mostly this compilation
+            shapes = len(inputs.train.plan.shapes)
+            logger.log(
+                f"step {step}: train step compiled and run in {time.monotonic() - tic:.1f}s"
+                + (f" (the other {shapes - 1} batch shape(s) compile when first drawn)" if shapes > 1 else "")
+            )
 
         elapsed = time.monotonic() - run_start
         step_seconds = window.seconds_per_step or step_seconds or elapsed / (step - start)

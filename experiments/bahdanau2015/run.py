@@ -258,8 +258,8 @@ def findings_markdown(checks, numbers, ranges, args, why_no_ranges: str = "") ->
 def run_experiment(args: argparse.Namespace) -> str:
     """Train, evaluate and report; returns the path of report.md."""
     from attn_jax import eval as ev
-    from attn_jax.pipeline import evaluate_workdir, quiet_checkpoint_logs
-    from attn_jax.train import apply_overrides, flatten_config, load_config, train_and_evaluate
+    from attn_jax.pipeline import decode_progress, evaluate_workdir, quiet_checkpoint_logs
+    from attn_jax.train import ProgressLine, apply_overrides, flatten_config, load_config, train_and_evaluate
 
     quiet_checkpoint_logs()
     beam = args.beam if args.beam is not None else (2 if args.smoke else 4)
@@ -282,8 +282,17 @@ def run_experiment(args: argparse.Namespace) -> str:
         train_s = time.perf_counter() - t0
         print(f"== {system}: evaluating (test split, beam {beam}, at most {max_examples} pairs)", flush=True)
         t0 = time.perf_counter()
+        progress = decode_progress(
+            ProgressLine(sys.stdout, tty=False, label=f"{system}: decoded", every_s=20.0)
+        )
         result = evaluate_workdir(
-            workdir, split="test", beam_size=beam, max_examples=max_examples, name=system, log=print
+            workdir,
+            split="test",
+            beam_size=beam,
+            max_examples=max_examples,
+            name=system,
+            log=print,
+            progress=progress,
         )
         eval_s = time.perf_counter() - t0
         runs[system] = {
