@@ -69,6 +69,7 @@ def _mask_takers(rng):
     steps = lambda m: m[..., 0, :T]  # noqa: E731  [B, T] padding masks of the recurrences
     return [
         ("masked_softmax", pair, lambda m: attn_jax.masked_softmax(scores, m)),
+        ("masked_normalize", pair, lambda m: attn_jax.masked_normalize(scores, m, normalizer="sparsemax")),
         ("attend", pair, lambda m: attn_jax.attend(scores, v, m)),
         (
             "assert_valid_attention_weights",
@@ -149,6 +150,8 @@ def test_the_refusal_list_covers_every_public_mask_parameter():
     converters = {"from_torch_attn_mask", "from_torch_key_padding_mask"}  # take PyTorch masks on purpose
     takers = set()
     for name in attn_jax.__all__:
+        if not callable(getattr(attn_jax, name)):  # constants such as NORMALIZERS
+            continue
         params = inspect.signature(getattr(attn_jax, name)).parameters
         if any("mask" in p or p in ("query_valid", "key_valid", "masks") for p in params):
             takers.add(name)
