@@ -14,9 +14,10 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.attn-jax-installed
 EXTRAS ?= all,dev
 # Two workers on CI's two cores; a file's tests stay on one worker so module fixtures (trained runs) build once.
+# --durations=25: every CI log lists the slowest tests, the ones to trim when the suite outgrows its budget.
 # `heavy` tests (multi-process training, whole sharded trainer runs: minutes of compiling each) run in `make test-all`,
 # so that `make test` stays within CI's ~15 minutes on 2 cores.
-PYTEST_ARGS ?= -n auto --dist loadfile -m "not heavy"
+PYTEST_ARGS ?= -n auto --dist loadfile -m "not heavy" --durations=25
 # Then `make test` reruns the `numerics` tests (two float32 programs compared at a float32 tolerance; policy in
 # tests/conftest.py) with XLA's CPU code generation capped at another ISA, AVX2 by default: on an AVX-512 machine,
 # code for a narrower ISA, with its own rounding. A tolerance that holds only on one code path fails here, not on a

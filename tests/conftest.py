@@ -82,6 +82,9 @@ LONGEST_FILES = (
     "test_decoding.py",
     "test_train_resume.py",
     "test_intra_attention.py",
+    "test_own_model.py",
+    "test_normalizers.py",
+    "test_gqa.py",
     "test_own_corpus_splits.py",
 )
 
