@@ -198,6 +198,7 @@ def test_resume_continues_exactly(smoke_run, tmp_path):
     log = out.getvalue()
     assert "resumed from step 20" in log and "num_train_steps" in log  # the changed key is named
     assert "\r" in log and "tok/s" in log and "ETA" in log  # the TTY progress bar
+    assert "step 30/30: loss" in log  # and above it the loss history, printed as permanent lines (issue 17)
 
 
 def test_nan_stops_the_run_with_the_last_checkpoint_intact(smoke_run, tmp_path, capsys):

@@ -657,6 +657,9 @@ def _train(config, config_dict, place, inputs, ckpt, logger, latest) -> TrainRes
     batches_per_epoch = inputs.train.plan.batches_per_epoch
     run_start = time.monotonic()
     step_seconds = None  # recent seconds per step, for the ETA
+    overhead_s = (
+        0.0  # seconds spent in validation and checkpoints so far, amortised over the steps in the ETA
+    )
     while step < total:
         ckpt.poll()  # a failed background save (a full disk) stops the run now, not at the next save
         tic = time.monotonic()
@@ -679,21 +682,21 @@ def _train(config, config_dict, place, inputs, ckpt, logger, latest) -> TrainRes
 
         elapsed = time.monotonic() - run_start
         step_seconds = window.seconds_per_step or step_seconds or elapsed / (step - start)
-        eta = step_seconds * (total - step)
+        eta = (step_seconds + overhead_s / (step - start)) * (total - step)
         logger.progress(step, loss["loss"] / max(loss["tokens"], 1.0), window.tokens_per_s, eta)
 
         if step % config.log_every == 0 or step == total:
             last_train = window.record(float(m.learning_rate), step / batches_per_epoch)
             logger.write("train", step, {**last_train, "elapsed_s": elapsed})
-            if not logger.tty:
-                logger.log(
-                    f"step {step}/{total}: loss {last_train['loss']:.4f} | ppl {last_train['ppl']:.2f} | "
-                    f"nll/sentence {last_train['nll_per_sentence']:.2f} | |g| {last_train['grad_norm']:.3f} | "
-                    f"{last_train['tokens_per_s']:,.0f} tok/s | ETA {format_duration(eta)}"
-                )
+            # On a terminal too: the line is printed above the bar, so the loss history stays on screen.
+            logger.log(
+                f"step {step}/{total}: loss {last_train['loss']:.4f} | ppl {last_train['ppl']:.2f} | "
+                f"nll/sentence {last_train['nll_per_sentence']:.2f} | |g| {last_train['grad_norm']:.3f} | "
+                f"{last_train['tokens_per_s']:,.0f} tok/s | ETA {format_duration(eta)}"
+            )
             window.reset()
 
-        val = None
+        val, tic = None, time.monotonic()
         if inputs.validation_report is not None and (step % config.eval_every == 0 or step == total):
             batches = (place.batch(b) for b in inputs.validation)
             val = evaluate(state.params, batches, step_cfg, step=place.eval_step)
@@ -708,6 +711,7 @@ def _train(config, config_dict, place, inputs, ckpt, logger, latest) -> TrainRes
             if jax.process_count() > 1:  # every process consumed the same global batches (lockstep updates)
                 multihost_utils.assert_equal(position["next_index"], "iterator positions differ")
             ckpt.save(step, state, position, config_dict, metrics=metrics_for_best)
+        overhead_s += time.monotonic() - tic
     ckpt.wait()
     if inputs.validation_report is None:  # nothing ranks the checkpoints: the latest stands for the best
         best, best_label = ckpt.latest_step(), "the latest, no validation"
