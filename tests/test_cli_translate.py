@@ -176,10 +176,18 @@ def test_json_alignment_and_nbest(run_dir, tmp_path, capsys):
     assert status == 0, err
     objs = [json.loads(line) for line in out.splitlines()]
     assert [o["index"] for o in objs] == list(range(len(SENTENCES)))
+    sv = load_model(run_dir).src_vocab
     for sentence, o in zip(SENTENCES, objs, strict=True):
         assert o["source"] == sentence
         if not sentence:
+            assert o["source_tokens"] == [] and o["source_unk"] == []
             continue
+        # which source words the model never saw: each word looked up alone in the source vocabulary
+        words = sentence.split()
+        assert o["source_tokens"] == words
+        assert o["source_unk"] == [i for i, w in enumerate(words) if sv.encode(w) == [sv.unk_id]]
+        if "zzzqx" in words:  # a made-up word is always among them
+            assert words.index("zzzqx") in o["source_unk"]
         hyps = o["hypotheses"]
         assert len(hyps) == 3 and hyps[0]["score"] >= hyps[1]["score"] >= hyps[2]["score"]
         assert o["translation"] == hyps[0]["translation"]

@@ -33,11 +33,12 @@ Output formats:
 * ``--alignment pharaoh``: ``translation ||| i-j i-j ...`` (with ``--nbest`` appended as a fifth field): for
   every target word ``j`` the source word ``i`` it attends to most (0-based token positions, ``</s>`` on
   either side left out; word positions for the word-level vocabularies of the built-in corpus);
-* ``--alignment json``: one JSON object per input line, ``{"index", "source", "translation", "hypotheses":
-  [{"translation", "tokens", "score", "log_prob", "alignment", "attention", "limit", "stopped_at_limit"}]}``
+* ``--alignment json``: one JSON object per input line, ``{"index", "source", "translation", "source_tokens",
+  "source_unk", "hypotheses": [{"translation", "tokens", "score", "log_prob", "alignment", "attention", "limit", "stopped_at_limit"}]}``
   with ``attention`` the ``[m + 1, n + 1]`` weights (rows: the ``m`` target words then ``</s>``; columns: the
   ``n`` source tokens then ``</s>``), ``limit`` the most tokens the sentence could have and
-  ``stopped_at_limit`` whether this hypothesis was cut there.
+  ``stopped_at_limit`` whether this hypothesis was cut there; ``source_tokens`` are the source tokens as the model
+  reads them and ``source_unk`` the positions among them that the source vocabulary maps to ``<unk>``.
 
 Length limit: a translation of a source of ``n`` tokens may have at most ``max(T, ⌊2·n⌋ + 10)`` tokens, ``T``
 the longest target the run trained on (``data.max_target_length``), so no sentence gets less room than the
@@ -361,6 +362,9 @@ def format_translations(
             "index": index,
             "source": source,
             "translation": hyps[0].text if hyps else "",
+            # the source tokens as the model read them, and which of them the vocabulary made <unk>
+            "source_tokens": hyps[0].source_tokens if hyps else [],
+            "source_unk": list(hyps[0].source_unk) if hyps else [],
             "hypotheses": [
                 {
                     "translation": h.text,

@@ -31,6 +31,8 @@ class Translation(NamedTuple):
         most probable next token was another word (``attn_jax.decoding.BeamResult.truncated``).
       limit: the most tokens (without ``</s>``) this sentence could have: :func:`length_limit`'s rule, cut to
         what the model can produce (:func:`model_length_cap`); None for a blank line (nothing decoded).
+      source_unk: positions (0-based, in ``source_tokens``) of the source tokens the source vocabulary maps to
+        ``<unk>``: the model never saw those words.
     """
 
     text: str
@@ -42,6 +44,7 @@ class Translation(NamedTuple):
     source_tokens: list[str]
     truncated: bool = False
     limit: int | None = None
+    source_unk: tuple[int, ...] = ()
 
     def alignment(self) -> str:
         """Pharaoh ``i-j`` links: each target token ``j`` to its most-attended source token ``i`` (no ``</s>``)."""
@@ -213,6 +216,7 @@ def translate_sentences(
                         source_tokens[i],
                         bool(truncated[r, k]),
                         limits[r] - 1,
+                        tuple(j for j, t in enumerate(encoded[i]) if t == src_vocab.unk_id),
                     )
                 )
             results[i] = hyps
