@@ -188,7 +188,30 @@ def test_cli_prints_tables_and_fails_in_one_line(evaluated, tmp_path, capsys):
     assert "AER = " in printed and "BLEU (No UNK)" in printed
     assert _lines(out / "hypotheses.txt") == _lines(os.path.join(evaluated[1], "hypotheses.txt"))
 
+    # --heatmap-sentences draws the sentences named (split indices), in that order, instead of the Figure 3 rule
+    chosen = [h["index"] for h in r["heatmaps"]][::-1]
+    argv = [
+        "evaluate",
+        "--workdir",
+        run,
+        "--beam",
+        "2",
+        "--max-examples",
+        "9",
+        "--out",
+        str(tmp_path / "chosen"),
+    ]
+    assert main([*argv, "--heatmap-sentences", ",".join(map(str, chosen))]) == 0, capsys.readouterr()[1]
+    capsys.readouterr()
+    drawn = json.loads((tmp_path / "chosen" / "evaluation.json").read_text())["heatmaps"]
+    assert [h["index"] for h in drawn] == chosen and {h["kind"] for h in drawn} == {"chosen"}
+    assert all((tmp_path / "chosen" / h["file"]).exists() for h in drawn)
+
     for argv, fragment in (
+        (
+            ["--workdir", run, "--max-examples", "9", "--heatmap-sentences", "99999"],
+            "99999 are not among the 9",
+        ),
         (["--workdir", str(tmp_path / "missing")], "no such run directory"),
         (["--workdir", str(tmp_path)], "no checkpoint"),
         (["--workdir", run, "--split", "nosuchsplit"], "nosuchsplit"),

@@ -120,6 +120,13 @@ def add_evaluate_parser(subparsers) -> argparse.ArgumentParser:
         "--heatmaps", type=int, default=3, metavar="N", help="attention heatmaps (default: %(default)s)"
     )
     p.add_argument(
+        "--heatmap-sentences",
+        type=_indices,
+        default=None,
+        metavar="I,J,...",
+        help="draw these sentences (0-based indices in the split) instead of the Figure 3 rule's choice",
+    )
+    p.add_argument(
         "--replace-unk", action="store_true", help="replace produced <unk> by the most-attended source word"
     )
     p.add_argument(
@@ -154,6 +161,19 @@ def add_evaluate_parser(subparsers) -> argparse.ArgumentParser:
     add_length_limit_flags(p)
     p.set_defaults(func=run_evaluate)
     return p
+
+
+def _indices(value: str) -> list[int]:
+    """``--heatmap-sentences``: comma-separated non-negative ints."""
+    try:
+        out = [int(v) for v in value.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated sentence indices, got {value!r}"
+        ) from None
+    if not out or min(out) < 0:
+        raise argparse.ArgumentTypeError(f"expected comma-separated sentence indices >= 0, got {value!r}")
+    return out
 
 
 def _error(message: str, status: int = 1) -> int:
@@ -195,6 +215,7 @@ def run_evaluate(args: argparse.Namespace) -> int:
             checkpoint=args.checkpoint,
             batch_size=args.batch_size,
             num_heatmaps=args.heatmaps,
+            heatmap_sentences=args.heatmap_sentences,
             replace_unk=args.replace_unk,
             log=lambda *a: line.log(" ".join(str(x) for x in a)),
             max_length=args.max_length,

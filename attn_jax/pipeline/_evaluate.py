@@ -14,6 +14,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from attn_jax.pipeline._attention import (
+    HeatmapPick,
     figure3_examples,
     hypothesis_cross_attention,
     reference_attention,
@@ -32,6 +33,7 @@ _PICK_NOTES = {
     "correct": "translated exactly",
     "within": "within training lengths, not exact",
     "beyond": "beyond the training lengths (> {} words)",
+    "chosen": "chosen",
 }
 
 
@@ -48,6 +50,7 @@ def evaluate_workdir(
     batch_size: int = 32,
     num_heatmaps: int = 3,
     heatmap_max_length: int = 40,
+    heatmap_sentences: Sequence[int] | None = None,
     replace_unk: bool = False,
     test_per_bucket: int | None = None,
     name: str | None = None,
@@ -75,6 +78,9 @@ def evaluate_workdir(
       num_heatmaps: heatmaps of the longest sentences within the training lengths that the model translates
         exactly, plus one sentence beyond the training lengths (:func:`figure3_examples`); at most
         ``heatmap_max_length`` source words each.
+      heatmap_sentences: draw these sentences instead (0-based indices in the split, as ``evaluation.json``'s
+        ``heatmaps`` and the sentence files number them; each must be among the pairs evaluated, so with
+        ``max_examples`` among the ones selected), in the order given, whatever their length.
       replace_unk: replace produced ``<unk>`` by the most-attended source word before scoring (off: the
         paper's setting).
       test_per_bucket: test pairs per length bucket of a generated built-in corpus (see :func:`load_split`).
@@ -127,6 +133,7 @@ def evaluate_workdir(
         "bleu_tokenize": bleu_tokenize,
         "detokenize": detokenize,
         "detokenize_lang": detokenize_lang,
+        "heatmap_sentences": None if heatmap_sentences is None else [int(i) for i in heatmap_sentences],
     }
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
@@ -139,6 +146,7 @@ def evaluate_workdir(
     pairs = _read_pairs(
         loaded.config, split, max_examples=max_examples, test_per_bucket=test_per_bucket, log=log
     )
+    chosen = _chosen_positions(pairs, heatmap_sentences, split)
     rule = length_limit(
         loaded.config,
         max_length=max_length,
@@ -186,6 +194,7 @@ def evaluate_workdir(
         alignment.reference,
         count=num_heatmaps,
         max_length=heatmap_max_length,
+        chosen=chosen,
     )
     tensorboard = _tensorboard_images(workdir, loaded, split, files.paths, log)
     timings["write_s"] = time.perf_counter() - t0
@@ -417,6 +426,25 @@ def _summary_markdown(
     return text
 
 
+def _chosen_positions(pairs: _Pairs, indices: Sequence[int] | None, split: str) -> list[int] | None:
+    """Positions in ``pairs`` of the split indices ``heatmap_sentences`` names (None: the Figure 3 rule)."""
+    if indices is None:
+        return None
+    where = {k: pos for pos, k in enumerate(pairs.keep)}
+    missing = [i for i in indices if i not in where]
+    if missing:
+        raise TranslateError(
+            f"heatmap sentence(s) {', '.join(map(str, missing))} are not among the {len(pairs.keep)} {split} pairs "
+            f"evaluated (split indices {min(pairs.keep, default=0)}-{max(pairs.keep, default=0)}"
+            + (
+                ", a selection: see --max-examples)"
+                if len(pairs.keep) < max(pairs.keep, default=0) + 1
+                else ")"
+            )
+        )
+    return [where[i] for i in indices]
+
+
 def _draw_heatmaps(
     files: _Files,
     loaded: LoadedModel,
@@ -428,18 +456,23 @@ def _draw_heatmaps(
     *,
     count: int,
     max_length: int,
+    chosen: list[int] | None = None,
 ) -> tuple[list[dict[str, Any]], list[str]]:
     """Heatmaps of the sentences :func:`figure3_examples` picks: ``(picked, PNG paths)``, ``picked`` being
     ``evaluation.json``'s ``heatmaps`` (file, index in the split, words, kind); ``names``: system and split."""
     system, split = names
     train_length = _training_source_length(loaded.config)
-    picks = figure3_examples(
-        pairs.sources,
-        hypotheses,
-        pairs.references,
-        count=count,
-        within_length=train_length,
-        max_length=max_length,
+    picks = (
+        [HeatmapPick(i, "chosen") for i in chosen]
+        if chosen is not None
+        else figure3_examples(
+            pairs.sources,
+            hypotheses,
+            pairs.references,
+            count=count,
+            within_length=train_length,
+            max_length=max_length,
+        )
     )
     picked, heatmaps = [], []
     for k, (i, kind) in enumerate(picks):
