@@ -151,3 +151,26 @@ def test_data_dir_config_key_reaches_the_loaders(tmp_path, monkeypatch):
     d.data_dir = ""  # unset: TFDS's own default
     load_corpus(d, "test")
     assert seen == [str(tmp_path), str(tmp_path), None]
+
+
+def test_train_says_where_a_tfds_corpus_is_read_or_built(tmp_path):
+    """`attn-jax train` with a TFDS-read corpus names the directory before reading (issue 17: it built silently)."""
+    from attn_jax.train import default_config
+    from attn_jax.train._loop import _tfds_location
+
+    d = default_config().data
+    d.use_tfds, d.synthetic, d.data_dir = True, "tiny", str(tmp_path)
+    first = _tfds_location(d)
+    path = tmp_path / "attn_jax_synthetic" / "tiny"
+    written = sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+    assert first.startswith(f"data: built attn_jax_synthetic/tiny in {path}/") and written > 100_000
+    assert f"({written / 1e6:.1f} MB written; data.data_dir)" in first
+    assert _tfds_location(d).startswith(f"data: reading attn_jax_synthetic/tiny from {path}/")  # reused
+    d.corpus, d.tfds_name = "tfds", "wmt14_translate/fr-en"
+    assert _tfds_location(d) == (
+        f"data: wmt14_translate/fr-en is not prepared in {tmp_path}: TFDS downloads and builds it there now "
+        "(needs internet; `tfds build` does it ahead; data.data_dir)"
+    )
+    d.corpus = "synthetic"
+    d.use_tfds = False
+    assert _tfds_location(d) is None  # generated in memory: nothing read from disk

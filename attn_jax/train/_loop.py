@@ -561,6 +561,9 @@ def train_and_evaluate(
                 f"{workdir} already holds checkpoints (latest: step {latest}); pass --resume to continue that "
                 "run or choose another --workdir"
             )
+        where = _tfds_location(config.data) if lead else None
+        if where is not None:
+            logger.log(where)
         inputs = make_inputs(
             config,
             os.path.join(workdir, "vocab"),
@@ -596,6 +599,28 @@ def train_and_evaluate(
     finally:
         ckpt.close()
         logger.close()
+
+
+def _tfds_location(d: ml_collections.ConfigDict) -> str | None:
+    """Where a TFDS-read corpus comes from, said before reading it (it may be built there first); None when the
+    corpus is not read through TFDS (the built-in corpus in memory, plain text, TSV)."""
+    from attn_jax import data
+
+    if d.corpus == "synthetic" and d.use_tfds:
+        name = f"attn_jax_synthetic/{d.synthetic}"
+        where = data.prepare_tfds_dataset(name, data_dir=d.data_dir or None, build=True)  # offline, seconds
+        if where.built:
+            return f"data: built {name} in {where.path} ({where.bytes / 1e6:.1f} MB written; data.data_dir)"
+        return f"data: reading {name} from {where.path} (prepared earlier; data.data_dir)"
+    if d.corpus == "tfds":
+        where = data.prepare_tfds_dataset(d.tfds_name, data_dir=d.data_dir or None, build=False)
+        if where.prepared:
+            return f"data: reading {d.tfds_name} from {where.path} (data.data_dir)"
+        return (
+            f"data: {d.tfds_name} is not prepared in {where.data_dir}: TFDS downloads and builds it there now "
+            "(needs internet; `tfds build` does it ahead; data.data_dir)"
+        )
+    return None
 
 
 def _data_lines(config: ml_collections.ConfigDict, inputs) -> list[str]:
