@@ -91,8 +91,7 @@ LONGEST_FILES = (
 
 def pytest_collection_modifyitems(config, items):
     rank = {name: i for i, name in enumerate(LONGEST_FILES)}
-    order = {id(item): i for i, item in enumerate(items)}
-    items.sort(key=lambda item: (rank.get(item.path.name, len(rank)), order[id(item)]))
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the rest keep their order
     if jax.default_backend() == "cpu":
         skip_gpu = pytest.mark.skip(reason="needs an accelerator")
         for item in items:

@@ -435,12 +435,7 @@ def _chosen_positions(pairs: _Pairs, indices: Sequence[int] | None, split: str) 
     if missing:
         raise TranslateError(
             f"heatmap sentence(s) {', '.join(map(str, missing))} are not among the {len(pairs.keep)} {split} pairs "
-            f"evaluated (split indices {min(pairs.keep, default=0)}-{max(pairs.keep, default=0)}"
-            + (
-                ", a selection: see --max-examples)"
-                if len(pairs.keep) < max(pairs.keep, default=0) + 1
-                else ")"
-            )
+            f"evaluated (split indices {', '.join(map(str, pairs.keep[:10]))}{' ...' if len(pairs.keep) > 10 else ''})"
         )
     return [where[i] for i in indices]
 

@@ -25,6 +25,9 @@ vocabulary sizes (taken from the built vocabularies) and the dtypes (``mixed_pre
 ``encoder_layers``, ``decoder_layers``, ``residual_start``, ``attention``, ``align``, ``pipeline_stages``;
 ``transformer`` (:class:`attn_jax.models.TransformerConfig`): ``d_model``, ``heads``, ``d_ff``, ``encoder_layers``,
 ``decoder_layers``, ``dropout``, ``norm``, ``positions``, ``max_length``, ``share_embeddings``.
+``transformer`` also takes ``num_kv_heads`` (grouped-query attention; 0 = ``heads``). Your own model:
+``model.arch = "module:Class"`` names a frozen dataclass with ``src_vocab``/``tgt_vocab`` fields and a
+``build(*, rngs)`` method (:func:`model_class`); its other fields are the ``model.*`` keys.
 A config file for another architecture starts from ``default_config(arch)``.
 ``optimizer.*`` — the fields of :class:`attn_jax.train.OptimizerConfig` (default: the paper's Adadelta).
 ``data.corpus`` — ``synthetic`` (the built-in corpus), ``tfds``, ``plain`` or ``tsv``; then
@@ -139,19 +142,15 @@ def model_class(arch: str) -> type:
         obj = getattr(obj, part, None)
         if obj is None:
             raise ConfigError(f"model.arch={arch!r}: module {module_name!r} has no {qualname!r}")
-    field_names = {f.name for f in dataclasses.fields(obj)} if dataclasses.is_dataclass(obj) else set()
-    problem = (
-        "is not a dataclass"
-        if not dataclasses.is_dataclass(obj) or not isinstance(obj, type)
-        else "lacks the fields src_vocab and tgt_vocab"
-        if not {"src_vocab", "tgt_vocab"} <= field_names
-        else "has no build(*, rngs) method"
-        if not callable(getattr(obj, "build", None))
-        else None
-    )
-    if problem:
-        raise ConfigError(f"model.arch={arch!r}: {qualname} {problem} (see attn_jax.train.model_class)")
-    return obj
+    if not (isinstance(obj, type) and dataclasses.is_dataclass(obj)):
+        problem = "is not a dataclass"
+    elif not {"src_vocab", "tgt_vocab"} <= {f.name for f in dataclasses.fields(obj)}:
+        problem = "lacks the fields src_vocab and tgt_vocab"
+    elif not callable(getattr(obj, "build", None)):
+        problem = "has no build(*, rngs) method"
+    else:
+        return obj
+    raise ConfigError(f"model.arch={arch!r}: {qualname} {problem} (see attn_jax.train.model_class)")
 
 
 def model_defaults(arch: str) -> ml_collections.ConfigDict:

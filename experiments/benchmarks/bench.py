@@ -806,14 +806,12 @@ def row_training(ctx: Ctx) -> Section:
 
 def _training_at(ctx: Ctx, sec: Section, label: str, cfg, batch: int, length: int, steps: int) -> None:
     """One size of row 4: a table of every side's tokens/s and a table of ratios, appended to ``sec``."""
-    import dataclasses as dc
-
     import torch_peers
 
     from attn_jax.train import init_train_state, param_count, train_step
 
     jax, np, torch = ctx.jax, ctx.np, ctx.torch
-    step_cfg = dc.replace(_step_config(ctx), model=cfg)
+    step_cfg = dataclasses.replace(_step_config(ctx), model=cfg)
     usable = torch.get_num_threads()
     threads = sorted({1, min(2, usable)})
     dims = (cfg.src_vocab, cfg.tgt_vocab, cfg.embed, cfg.hidden, cfg.maxout, cfg.align)
