@@ -75,11 +75,49 @@ def test_finding_2_needs_both_shares_larger():
 
 
 @pytest.mark.parametrize(
-    ("gold_hit", "aer", "holds"),
-    [(0.7, 0.3, True), (0.69, 0.2, False), (0.9, 0.31, False), (None, 0.1, False)],
+    ("gold_hit", "aer", "holds", "strict"),
+    [
+        # The bar: half the diagonal's misses (1 - 0.2115) / 2 -> gold hit >= 0.60575; half its AER 0.7748 / 2.
+        (0.606, 0.387, True, "missed"),
+        (0.605, 0.2, False, "missed"),
+        (0.9, 0.388, False, "missed"),
+        (None, 0.1, False, "missed"),
+        (0.7, 0.3, True, "met"),  # the first study's bar, reported beside the finding
+        (0.701, 0.325, True, "missed"),  # the first study's default seed 1
+        (0.36, 0.808, False, "missed"),  # the issue's failing run
+        (0.44, 0.35, False, "missed"),  # the shifted demo of stop 12 (its AER within is not on record)
+    ],
 )
-def test_finding_3_thresholds(gold_hit, aer, holds):
-    assert fd.check_findings(_systems(GOOD_ENC, GOOD_ATT, gold_hit, aer))[2].holds is holds
+def test_finding_3_thresholds(gold_hit, aer, holds, strict):
+    got = fd.check_findings(_systems(GOOD_ENC, GOOD_ATT, gold_hit, aer))[2]
+    assert got.holds is holds
+    assert f"first study's bar (70% / 30%) {strict}" in got.detail
+
+
+def test_finding_3_bar_is_half_the_diagonals_errors_on_the_demos_sentences():
+    """The constants findings.py states are the diagonal alignment's numbers on the demo's corpus (recomputed
+    here), and the bar is half its errors: what the docstring promises, so that the bar cannot drift silently."""
+    from attn_jax.train import load_config
+
+    config = load_config(os.path.join(REPO, "configs", "rnnsearch_cpu.py"))
+    hit, aer = fd.diagonal_baseline(config, max_examples=140)
+    assert hit == pytest.approx(fd.DIAGONAL_GOLD_HIT, abs=5e-5)
+    assert aer == pytest.approx(fd.DIAGONAL_AER_WITHIN, abs=5e-5)
+    assert fd.GOLD_HIT_MIN == pytest.approx(1 - (1 - hit) / 2, abs=1e-4)
+    assert fd.AER_MAX == pytest.approx(aer / 2, abs=1e-4)
+
+
+@pytest.mark.parametrize(("src", "tgt"), [(1, 1), (1, 4), (4, 1), (7, 7), (5, 12), (12, 5), (30, 41)])
+def test_diagonal_alignment_against_a_float64_line(src, tgt):
+    """Every target word gets one link, to the source word nearest the straight line from (0, 0) to
+    (S - 1, T - 1), computed here in float64 NumPy."""
+    got = fd.diagonal_alignment(src, tgt)
+    j = np.arange(tgt, dtype=np.float64)
+    want = np.rint(j * (src - 1) / max(tgt - 1, 1)).astype(int)
+    assert [t for _, t in got] == list(range(tgt))
+    assert [i for i, _ in got] == want.tolist()
+    with pytest.raises(ValueError, match="positive lengths"):
+        fd.diagonal_alignment(0, tgt)
 
 
 def test_summarize_matches_numpy_and_widens_to_min_max():
