@@ -147,7 +147,9 @@ def diagonal_baseline(config, max_examples: int = 140) -> tuple[float, float]:
     test = load_split(config, "test")
     limit = config.data.get("max_source_length")
     inside = [
-        k for k in select_examples(test.sources, max_examples) if not limit or len(test.sources[k].split()) <= limit
+        k
+        for k in select_examples(test.sources, max_examples)
+        if not limit or len(test.sources[k].split()) <= limit
     ]
     aer = ev.alignment_error_rate(
         [diagonal_alignment(len(test.sources[k].split()), len(test.targets[k].split())) for k in inside],
