@@ -25,6 +25,7 @@ from attn_jax.attention._checks import (
 )
 from attn_jax.attention._chunked import _check_inputs, _chunked_attention
 from attn_jax.attention._masks import lengths_mask, make_causal_mask, sliding_window, sliding_window_mask
+from attn_jax.attention._normalizers import attend_normalized, check_normalizer
 from attn_jax.attention._padding import allowed_pairs, zero_dead_inputs
 from attn_jax.attention._softmax import attend, masked_softmax
 from attn_jax.typing import Array, ArrayLike, Bool, Float, Int
@@ -103,6 +104,7 @@ def dot_product_attention(
     key_lengths: Int[ArrayLike, "..."] | None = None,
     local_window: int | tuple[int, int] | None = None,
     num_kv_heads: int | None = None,
+    normalizer: str = "softmax",
 ) -> Float[Array, "... T Kv"] | tuple[Float[Array, "... T Kv"], Float[Array, "... T S"]]:
     r"""Scaled dot-product attention ``softmax(QKᵀ/√K + bias) V`` with a boolean mask.
 
@@ -173,6 +175,14 @@ def dot_product_attention(
     refuses it (``ValueError``) and ``None`` never picks it for it (when ``H > G``). ``num_kv_heads=H`` is
     ordinary multi-head attention, the very same program as ``None``.
 
+    Sparse weights: ``normalizer="sparsemax"`` (Martins & Astudillo 2016) or ``"entmax15"`` (1.5-entmax, Peters
+    et al. 2019) replaces the softmax over the source axis by :func:`attn_jax.masked_normalize`, which can give
+    keys exactly zero weight; masks, ``-inf`` biases, windows, lengths and fully masked rows keep the policy
+    above (masked keys exactly 0, a row with no allowed key a zero context, finite gradients). Only ``"xla"``
+    forms the weights they threshold: ``None`` picks it, ``"chunked"``/``"cudnn"`` are a ``ValueError``. Their
+    derivatives are closed-form ``custom_vjp`` rules: reverse mode only. ``"softmax"`` (the default) is the
+    program described above, unchanged.
+
     Args:
       query: ``[..., T, K]``.
       key: ``[..., S, K]``.
@@ -193,6 +203,8 @@ def dot_product_attention(
         may attend key ``j`` only if ``i - left <= j <= i + right``. ``None``: no window.
       num_kv_heads: ``G``, the key/value heads on axis -3 of ``key`` and ``value`` (grouped-query attention,
         above); ``None``: ``key``/``value`` batch axes broadcast against ``query``'s as usual.
+      normalizer: ``"softmax"`` (the paper's), ``"sparsemax"`` or ``"entmax15"`` (above); anything else is a
+        ``ValueError`` naming the three.
 
     Returns:
       the context ``[..., T, Kv]`` in ``value``'s dtype, or ``(context, weights [..., T, S] float32)`` when
@@ -204,7 +216,8 @@ def dot_product_attention(
         to the batch axes (the message names the shapes); a ``local_window`` that is not a non-negative int or
         a pair of them; an unknown
         ``implementation``, ``return_weights`` with ``"chunked"``/``"cudnn"``, or ``"cudnn"`` where cuDNN
-        does not apply (no CUDA GPU, float32 inputs, grouped-query attention, ...; the message says why); a
+        does not apply (no CUDA GPU, float32 inputs, grouped-query attention, ...; the message says why), or
+        with a ``normalizer`` other than ``"softmax"``; an unknown ``normalizer``; a
         ``num_kv_heads`` that is not a positive int dividing ``H``, or that ``key``/``value`` do not have on
         axis -3.
 
@@ -217,6 +230,9 @@ def dot_product_attention(
     Array([[1.]], dtype=float32)
     >>> dot_product_attention(jnp.ones((4, 3, 2)), jnp.ones((2, 5, 2)), jnp.ones((2, 5, 1)), num_kv_heads=2).shape
     (4, 3, 1)
+    >>> q2 = jnp.array([[4.0, 0.0]])  # logits 2√2 and 0: sparsemax gives the second key exactly 0
+    >>> dot_product_attention(q2, k, v, normalizer="sparsemax", return_weights=True)[1]
+    Array([[1., 0.]], dtype=float32)
     """
     if num_kv_heads is not None:
         return _grouped_attention(
@@ -233,6 +249,7 @@ def dot_product_attention(
             key_lengths=key_lengths,
             local_window=local_window,
             num_kv_heads=num_kv_heads,
+            normalizer=normalizer,
         )
     return _attention(
         query,
@@ -247,6 +264,7 @@ def dot_product_attention(
         query_lengths=query_lengths,
         key_lengths=key_lengths,
         local_window=local_window,
+        normalizer=normalizer,
     )
 
 
@@ -264,14 +282,19 @@ def _attention(
     query_lengths,
     key_lengths,
     local_window,
+    normalizer="softmax",
     grouped=False,
 ):
     """:func:`dot_product_attention` without ``num_kv_heads``; ``grouped``: operands from :func:`_group_operands`."""
+    check_normalizer(normalizer)
     logits_shape = _check_inputs(query, key, value, mask, bias)
     _check_lengths(query_lengths, key_lengths, logits_shape)
     window = sliding_window(local_window)
     if implementation not in (None, "xla", "chunked", "cudnn"):
         raise ValueError(f"implementation must be 'xla', 'chunked', 'cudnn' or None, got {implementation!r}")
+    _check_sparse_implementation(normalizer, implementation)
+    if implementation is None and normalizer != "softmax":
+        implementation = "xla"  # the only path that forms the weights a sparse normaliser needs
     if implementation is None:
         implementation, _ = _choose_implementation(
             query,
@@ -336,6 +359,14 @@ def _attention(
     # grouped-query keys/values broadcast over each group's query heads (query holds the whole batch): the products
     # contract the size-1 group axis without copying, in this derivative as in autodiff's
     same_batch = same_batch or (grouped and batch == tuple(logits_shape[:-2]))
+    if normalizer != "softmax":
+        # sparsemax / 1.5-entmax: the weights by sorting with their closed-form VJP (reverse mode only)
+        logits = dot_product_scores(query, key, scale=scale)
+        if bias is not None:
+            logits = logits + jnp.asarray(bias, jnp.float32)
+        logits = jnp.broadcast_to(logits, logits_shape)
+        context, weights = attend_normalized(logits, value, mask, normalizer=normalizer)
+        return (context, weights) if return_weights else context
     if not return_weights and _is_static(scale) and same_batch:
         # the same forward as below with FlashAttention's derivative: fwd+bwd ~20-25% faster at T = S = 256 on
         # CPU, one or two fewer [T, S] temporaries
@@ -347,6 +378,15 @@ def _attention(
     logits = jnp.broadcast_to(logits, logits_shape)
     context, weights = attend(logits, value, mask)
     return (context, weights) if return_weights else context
+
+
+def _check_sparse_implementation(normalizer, implementation) -> None:
+    """Raise unless ``implementation`` can normalise with ``normalizer`` (only ``"xla"`` forms sparse weights)."""
+    if normalizer != "softmax" and implementation in ("chunked", "cudnn"):
+        raise ValueError(
+            f"normalizer={normalizer!r} needs implementation='xla' (or None): {implementation!r} computes a "
+            "streaming softmax and never forms the weights that sparsemax/entmax15 threshold"
+        )
 
 
 def _is_static(scale) -> bool:
@@ -504,12 +544,21 @@ def _grouped_attention(
     key_lengths,
     local_window,
     num_kv_heads,
+    normalizer="softmax",
 ):
     """:func:`dot_product_attention` with ``num_kv_heads``: group the operands, attend, merge the heads back."""
+    check_normalizer(normalizer)
+    _check_sparse_implementation(normalizer, implementation)
     repeats = _check_kv_heads(query, key, value, num_kv_heads)
     logits_shape = _grouped_logits_shape(query, key, value, mask, bias)
     _check_lengths(query_lengths, key_lengths, logits_shape)
-    options = dict(scale=scale, return_weights=return_weights, causal=causal, local_window=local_window)
+    options = dict(
+        scale=scale,
+        return_weights=return_weights,
+        causal=causal,
+        local_window=local_window,
+        normalizer=normalizer,
+    )
     if repeats == 1:  # one query head per key/value head: plain multi-head attention, the same program
         return dot_product_attention(
             query,
@@ -524,6 +573,8 @@ def _grouped_attention(
         )
     if implementation == "cudnn":
         raise ValueError(f"implementation='cudnn' does not apply: {_CUDNN_GQA}")
+    if implementation is None and normalizer != "softmax":
+        implementation = "xla"
     q, k, v, m, b, (ql, kl) = _group_operands(
         query, key, value, mask, bias, (query_lengths, key_lengths), num_kv_heads, repeats
     )
@@ -580,10 +631,13 @@ def _choose_implementation(
     causal=False,
     window=None,
     grouped=False,
+    normalizer="softmax",
 ) -> tuple[Implementation, str | None]:
     """The ``implementation=None`` rule of :func:`dot_product_attention`: ``(choice, why not "cudnn")``."""
     if return_weights:
         return "xla", "return_weights=True needs the weights, which only 'xla' forms"
+    if normalizer != "softmax":
+        return "xla", f"normalizer={normalizer!r} thresholds the weights, which only 'xla' forms"
     reason = _CUDNN_GQA if grouped else _cudnn_unsupported(query, key, value, bias, logits_shape)
     if reason is None and mask is not None:
         reason = (
@@ -618,6 +672,7 @@ def dot_product_implementation(
     causal: bool = False,
     local_window: int | tuple[int, int] | None = None,
     num_kv_heads: int | None = None,
+    normalizer: str = "softmax",
 ) -> tuple[Implementation, str | None]:
     r"""Which implementation :func:`dot_product_attention` picks for these operands, and why not cuDNN.
 
@@ -627,7 +682,7 @@ def dot_product_implementation(
 
     Args:
       query, key, value, mask, bias, scale, return_weights, query_lengths, key_lengths, causal,
-        local_window, num_kv_heads: as for :func:`dot_product_attention` (checked the same way).
+        local_window, num_kv_heads, normalizer: as for :func:`dot_product_attention` (checked the same way).
 
     Returns:
       ``(implementation, reason)``: ``"xla"``, ``"chunked"`` or ``"cudnn"``, and one line saying why cuDNN
@@ -637,6 +692,7 @@ def dot_product_implementation(
     >>> dot_product_implementation(q, q, q)[1].startswith("it needs a CUDA GPU")  # on a CPU
     True
     """
+    check_normalizer(normalizer)
     if num_kv_heads is not None and _check_kv_heads(query, key, value, num_kv_heads) > 1:
         logits_shape = _grouped_logits_shape(query, key, value, mask, bias)
         _check_lengths(query_lengths, key_lengths, logits_shape)
@@ -656,6 +712,7 @@ def dot_product_implementation(
             causal=causal,
             window=sliding_window(local_window),
             grouped=True,
+            normalizer=normalizer,
         )
     logits_shape = _check_inputs(query, key, value, mask, bias)
     _check_lengths(query_lengths, key_lengths, logits_shape)
@@ -670,6 +727,7 @@ def dot_product_implementation(
         return_weights=return_weights,
         causal=causal,
         window=sliding_window(local_window),
+        normalizer=normalizer,
     )
 
 

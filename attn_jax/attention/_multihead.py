@@ -28,6 +28,7 @@ from attn_jax.attention._checks import (
     shape_str,
 )
 from attn_jax.attention._dot_product import dot_product_attention
+from attn_jax.attention._normalizers import check_normalizer
 from attn_jax.attention._padding import live_rows, zero_rows
 from attn_jax.typing import Array, Bool, Float, PRNGKeyArray
 
@@ -216,6 +217,7 @@ def multi_head_attention(
     inputs_v: Float[Array, "... S Dv"] | None = None,
     scale: float | None = None,
     return_weights: bool = False,
+    normalizer: str = "softmax",
 ) -> Float[Array, "... T Do"] | tuple[Float[Array, "... T Do"], Float[Array, "... H T S"]]:
     r"""Multi-head attention: project into ``H`` heads, scaled dot-product attention per head, project back.
 
@@ -250,6 +252,9 @@ def multi_head_attention(
         ``Dv`` must match the value kernel.
       scale: logit multiplier; ``None`` means ``1/√K`` with ``K`` the head width.
       return_weights: also return the per-head float32 weights.
+      normalizer: what turns each head's logits into weights: ``"softmax"`` (the paper's), ``"sparsemax"``
+        (Martins & Astudillo 2016) or ``"entmax15"`` (Peters et al. 2019), with the same mask policy (see
+        :func:`dot_product_attention`); anything else is a ``ValueError``.
 
     Returns:
       ``[..., T, Do]`` in the inputs' dtype, or ``(out, weights [..., H, T, S] float32)`` when
@@ -257,12 +262,13 @@ def multi_head_attention(
 
     Raises:
       ValueError: widths that do not match the kernels, inconsistent kernels, non-broadcasting batch axes, or
-        a mask of the wrong rank/shape/dtype; the message names the shapes.
+        a mask of the wrong rank/shape/dtype (the message names the shapes); an unknown ``normalizer``.
 
     >>> p = init_multi_head_params(jax.random.key(0), 2, 4)
     >>> multi_head_attention(p, jnp.ones((3, 5, 4)), mask=jnp.ones((3, 5, 5), bool)).shape
     (3, 5, 4)
     """
+    check_normalizer(normalizer)
     dq, dk, dv, h, g, _, _, _ = _check_params(params)
     if inputs_v is not None and inputs_kv is None:
         raise ValueError("inputs_v (the values' input) needs inputs_kv (the keys' input); got inputs_kv=None")
@@ -328,7 +334,14 @@ def multi_head_attention(
     k = _project(inputs_kv, params["key"], dtype)  # [..., G, S, K]
     v = _project(inputs_v, params["value"], dtype)  # [..., G, S, Kv]
     context, weights = dot_product_attention(
-        q, k, v, mask, scale=scale, return_weights=True, num_kv_heads=None if g == h else g
+        q,
+        k,
+        v,
+        mask,
+        scale=scale,
+        return_weights=True,
+        num_kv_heads=None if g == h else g,
+        normalizer=normalizer,
     )
     out = jnp.einsum(
         "...htk,hko->...to",

@@ -64,6 +64,7 @@ from flax import nnx
 from attn_jax.attention._dot_product import dot_product_attention
 from attn_jax.attention._masks import key_padding_mask, make_causal_mask, make_padding_mask
 from attn_jax.attention._multihead import init_multi_head_params, project_heads, project_output
+from attn_jax.attention._normalizers import NORMALIZERS
 from attn_jax.attention._positional import (
     init_learned_positions,
     learned_positions,
@@ -122,6 +123,10 @@ class TransformerConfig:
       positions: ``"sinusoidal"`` (the paper), ``"learned"`` or ``"rope"`` (see the module docstring).
       max_length: longest target sequence the decoder's cache holds by default, and with learned positions the
         rows of each position table (the longest source and target).
+      normalizer: what turns every attention's logits (encoder self-, decoder self- and cross-attention, all
+        heads) into weights: ``"softmax"`` (the paper), ``"sparsemax"`` (Martins & Astudillo 2016) or
+        ``"entmax15"`` (1.5-entmax, Peters et al. 2019; Correia et al. 2019 use it in Transformers), which can
+        give keys exactly zero weight (``attn_jax.masked_normalize``); padded and future keys keep exactly 0.
       share_embeddings: ``"none"``; ``"decoder"`` ties the target embedding and the pre-softmax projection
         (§3.4); ``"all"`` also uses it as the source embedding (the paper's setting, which needs a joint
         source–target vocabulary, hence equal sizes).
@@ -144,6 +149,7 @@ class TransformerConfig:
     positions: Positions = "sinusoidal"
     max_length: int = 256
     share_embeddings: Sharing = "decoder"
+    normalizer: str = "softmax"
     param_dtype: str = "float32"
     dtype: str = "float32"
 
@@ -184,6 +190,10 @@ class TransformerConfig:
                 raise ValueError(
                     f"transformer config: {name} must be one of {', '.join(allowed)}; got {getattr(self, name)!r}"
                 )
+        if self.normalizer not in NORMALIZERS:
+            raise ValueError(
+                f"transformer config: normalizer must be one of {', '.join(NORMALIZERS)}; got {self.normalizer!r}"
+            )
         if self.positions == "sinusoidal" and self.d_model % 2:
             raise ValueError(
                 f"transformer config: sinusoidal positions need an even d_model, got {self.d_model}"
@@ -332,6 +342,7 @@ def _attend_heads(
     k: Float[Array, "B G S K"],
     v: Float[Array, "B G S K"],
     mask: Bool[Array, "..."],
+    normalizer: str,
 ) -> tuple[Float[Array, "B T D"], Float[Array, "B H T S"]]:
     """Scaled dot-product attention per head, then ``Concat(heads) W^O``: ``(out, weights)``.
 
@@ -339,19 +350,25 @@ def _attend_heads(
     """
     groups = k.shape[-3]
     ctx, weights = dot_product_attention(
-        q, k, v, mask, return_weights=True, num_kv_heads=None if groups == q.shape[-3] else groups
+        q,
+        k,
+        v,
+        mask,
+        return_weights=True,
+        num_kv_heads=None if groups == q.shape[-3] else groups,
+        normalizer=normalizer,
     )
     return project_output(p_out, ctx), weights
 
 
 def _self_attention(
-    p: dict, x: Float[Array, "B T D"], mask: Bool[Array, "..."], rope: bool
+    p: dict, x: Float[Array, "B T D"], mask: Bool[Array, "..."], rope: bool, normalizer: str
 ) -> tuple[Float[Array, "B T D"], Float[Array, "B H T T"]]:
     """Multi-head self-attention over all positions of ``x`` (RoPE on queries and keys when ``rope``)."""
     q, k, v = (project_heads(p[n], x) for n in _QKV)  # [B, H, T, K], [B, G, T, K], [B, G, T, K]
     if rope:
         q, k = rotary_embedding(q), rotary_embedding(k)
-    return _attend_heads(p["out"], q, k, v, mask)
+    return _attend_heads(p["out"], q, k, v, mask, normalizer)
 
 
 def _sublayer(norm: str, p_norm: dict, x, fn, dtype, rate: float, keep):
@@ -482,7 +499,7 @@ class Transformer(nnx.Module):
             p, keep = xs  # keep: [2, B, S, D] or None
 
             def attention(h):
-                return _self_attention(p["attention"], h, mask, rope)[0], None
+                return _self_attention(p["attention"], h, mask, rope, c.normalizer)[0], None
 
             def ffn(h):
                 return _ffn(p["ffn"], h), None
@@ -531,7 +548,7 @@ class Transformer(nnx.Module):
         rope = c.positions == "rope"
 
         def self_attention(p, h):
-            return _self_attention(p, h, causal, rope)
+            return _self_attention(p, h, causal, rope, c.normalizer)
 
         def layer(y, xs):
             p, kv, keep = xs  # keep: [3, B, T, D] or None
@@ -598,7 +615,7 @@ class Transformer(nnx.Module):
                     q = rotary_embedding(q, pos[:, None, None])
                     k = rotary_embedding(k, pos[:, None, None])
                 cache_k2, cache_v2 = jnp.where(slot, k, cache_k), jnp.where(slot, v, cache_v)
-                out, w = _attend_heads(pa["out"], q, cache_k2, cache_v2, visible)
+                out, w = _attend_heads(pa["out"], q, cache_k2, cache_v2, visible, c.normalizer)
                 return (out, (cache_k2, cache_v2)), w
 
             y, w, cache = _decoder_layer(c, p, y, self_attention, kv, cross_mask, dtype, None, with_aux=True)
@@ -681,7 +698,7 @@ def _decoder_layer(c: TransformerConfig, p, y, self_attention, kv, cross_mask, d
 
     def ca(h):
         q = project_heads(p["cross_attention"]["query"], h)  # [B, H, T, K]
-        return _attend_heads(p["cross_attention"]["out"], q, kv[:, 0], kv[:, 1], cross_mask)
+        return _attend_heads(p["cross_attention"]["out"], q, kv[:, 0], kv[:, 1], cross_mask, c.normalizer)
 
     y, aux = _sublayer(c.norm, p["self_attention_norm"], y, sa, dtype, c.dropout, _mask(keep, 0))
     y, weights = _sublayer(c.norm, p["cross_attention_norm"], y, ca, dtype, c.dropout, _mask(keep, 1))

@@ -114,12 +114,20 @@ class DotProductAttention(nnx.Module):
 
     ``local_window=(left, right)`` (or one int ``w`` for ``(w, w)``) restricts query ``i`` to keys
     ``i - left <= j <= i + right`` on every call: sliding-window attention, see
-    ``attn_jax.dot_product_attention``.
+    ``attn_jax.dot_product_attention``. ``normalizer`` turns the logits into weights: ``"softmax"`` (default),
+    ``"sparsemax"`` or ``"entmax15"`` (``attn_jax.masked_normalize``).
     """
 
-    def __init__(self, *, scale: float | None = None, local_window: int | tuple[int, int] | None = None):
+    def __init__(
+        self,
+        *,
+        scale: float | None = None,
+        local_window: int | tuple[int, int] | None = None,
+        normalizer: str = "softmax",
+    ):
         self.scale = scale
         self.local_window = _masks.sliding_window(local_window)
+        self.normalizer = check_normalizer(normalizer)
 
     def __call__(
         self,
@@ -139,6 +147,7 @@ class DotProductAttention(nnx.Module):
             scale=self.scale,
             return_weights=return_weights,
             local_window=self.local_window,
+            normalizer=self.normalizer,
         )
 
 
@@ -281,7 +290,8 @@ class MultiHeadAttention(nnx.Module):
     Kernels: query ``[D, H, K]``, key/value ``[D, G, K]`` (logical ``embed, heads, kv``), output ``[H, K, D]``.
     ``num_kv_heads=G < H`` is grouped-query attention (Ainslie et al., 2023; ``G = 1`` multi-query), the key and
     value projections shrinking by ``H / G``; ``value_features`` gives the values an input of their own width,
-    passed as ``inputs_v`` (PyTorch's ``kdim``/``vdim``).
+    passed as ``inputs_v`` (PyTorch's ``kdim``/``vdim``). ``normalizer`` turns each head's logits into weights:
+    ``"softmax"`` (default), ``"sparsemax"`` or ``"entmax15"`` (``attn_jax.masked_normalize``).
     """
 
     def __init__(
@@ -295,9 +305,11 @@ class MultiHeadAttention(nnx.Module):
         value_features: int | None = None,
         num_kv_heads: int | None = None,
         use_bias: bool = True,
+        normalizer: str = "softmax",
         param_dtype=jnp.float32,
         rngs: nnx.Rngs,
     ):
+        self.normalizer = check_normalizer(normalizer)
         params = _multihead.init_multi_head_params(
             rngs.params(),
             num_heads,
@@ -332,5 +344,11 @@ class MultiHeadAttention(nnx.Module):
         """Self-attention when ``inputs_kv`` is None; ``inputs_v``: the values' own input (see
         ``attn_jax.multi_head_attention``)."""
         return _multihead.multi_head_attention(
-            unwrap(self.params), inputs_q, inputs_kv, mask, inputs_v=inputs_v, return_weights=return_weights
+            unwrap(self.params),
+            inputs_q,
+            inputs_kv,
+            mask,
+            inputs_v=inputs_v,
+            return_weights=return_weights,
+            normalizer=self.normalizer,
         )

@@ -2,7 +2,8 @@
 
 Written from the paper's equations, one sentence, one layer, one head and one position at a time, reading the
 parameter dict of ``attn_jax.models.transformer.Transformer`` (``nnx.to_pure_dict`` of its ``nnx.Param`` state).
-Shares only the masked-softmax row reference of ``tests/reference/core.py``.
+Shares only the masked-softmax row reference of ``tests/reference/core.py`` (and, with ``normalizer=``, the
+sparsemax / 1.5-entmax row references of ``tests/reference/normalizers.py``).
 """
 
 import math
@@ -10,6 +11,7 @@ import math
 import numpy as np
 
 from tests.reference.core import softmax_row_ref
+from tests.reference.normalizers import ROW_REFS
 
 LN_EPS = 1e-6
 
@@ -59,13 +61,15 @@ def rope_vec_ref(x, pos, base=10000.0):
     return y
 
 
-def mha_ref(p, xq, xkv, allowed, rope=False):
+def mha_ref(p, xq, xkv, allowed, rope=False, normalizer="softmax"):
     """Multi-head attention with explicit loops: ``(out [Tq, D], weights [H, Tq, Tk])``.
 
     ``head_h = softmax(q_h k_hᵀ / √K) v_h`` for each head ``h`` alone (RoPE on ``q_h``/``k_h`` at their
     positions when ``rope``), then ``Σ_h head_h W^O_h + b^O`` — the concatenation times ``W^O``, written as a sum
-    over the heads' row blocks. ``allowed(i, j)`` says whether query ``i`` may attend key ``j``.
+    over the heads' row blocks. ``allowed(i, j)`` says whether query ``i`` may attend key ``j``; ``normalizer``
+    replaces the softmax by sparsemax or 1.5-entmax over the allowed keys.
     """
+    row_ref = softmax_row_ref if normalizer == "softmax" else ROW_REFS[normalizer]
     _, h_count, k_width = p["query"]["kernel"].shape
     tq, tk = len(xq), len(xkv)
     out = np.zeros((tq, p["out"]["kernel"].shape[-1]))
@@ -83,7 +87,7 @@ def mha_ref(p, xq, xkv, allowed, rope=False):
             k = [rope_vec_ref(k[j], j) for j in range(tk)]
         for i in range(tq):
             energies = [float(np.dot(q[i], k[j])) / math.sqrt(k_width) for j in range(tk)]
-            w = softmax_row_ref(energies, [allowed(i, j) for j in range(tk)])
+            w = row_ref(np.asarray(energies), [allowed(i, j) for j in range(tk)])
             context = sum((w[j] * v[j] for j in range(tk)), np.zeros(v[0].shape))
             out[i] += context @ p["out"]["kernel"][h]
             weights[h, i] = w
@@ -117,25 +121,27 @@ def _embed(table, tokens, positions_kind, position_table, d):
     return out
 
 
-def _encoder_layer_ref(pl, x, valid, norm, rope):
+def _encoder_layer_ref(pl, x, valid, norm, rope, normalizer="softmax"):
     """Self-attention over the real source words, then the FFN, each a residual sub-layer."""
 
     def attention(h):
-        return list(mha_ref(pl["attention"], h, h, lambda i, j: valid[j], rope)[0])
+        return list(mha_ref(pl["attention"], h, h, lambda i, j: valid[j], rope, normalizer)[0])
 
     x = _residual(norm, pl["attention_norm"], x, attention)
     return _residual(norm, pl["ffn_norm"], x, lambda h: [ffn_ref(pl["ffn"], hi) for hi in h])
 
 
-def _decoder_layer_ref(pl, y, memory, valid, norm, rope):
+def _decoder_layer_ref(pl, y, memory, valid, norm, rope, normalizer="softmax"):
     """Causal self-attention, cross-attention over the real source words, FFN: ``(y, cross weights)``."""
     cross = {}
 
     def self_attention(h):
-        return list(mha_ref(pl["self_attention"], h, h, lambda i, j: j <= i, rope)[0])
+        return list(mha_ref(pl["self_attention"], h, h, lambda i, j: j <= i, rope, normalizer)[0])
 
     def cross_attention(h):
-        out, cross["w"] = mha_ref(pl["cross_attention"], h, memory, lambda i, j: valid[j])
+        out, cross["w"] = mha_ref(
+            pl["cross_attention"], h, memory, lambda i, j: valid[j], normalizer=normalizer
+        )
         return list(out)
 
     y = _residual(norm, pl["self_attention_norm"], y, self_attention)
@@ -144,8 +150,10 @@ def _decoder_layer_ref(pl, y, memory, valid, norm, rope):
     return y, cross["w"]
 
 
-def transformer_ref(params, src, src_mask, tgt_in, *, norm, positions, share_embeddings):
-    """Teacher-forced Transformer in float64, one sentence at a time.
+def transformer_ref(
+    params, src, src_mask, tgt_in, *, norm, positions, share_embeddings, normalizer="softmax"
+):
+    """Teacher-forced Transformer in float64, one sentence at a time (``normalizer``: every attention's).
 
     Returns a dict: ``logits`` ``[B, T, V]``, ``cross`` ``[B, L_dec, H, T, S]`` (every layer's cross-attention
     weights), ``decoder`` ``[B, L_dec, T, D]`` and ``encoder`` ``[B, L_enc, S, D]`` (each layer's output, before
@@ -173,7 +181,7 @@ def transformer_ref(params, src, src_mask, tgt_in, *, norm, positions, share_emb
         valid = src_mask[b]
         x = _embed(src_table, src[b], positions, p.get("src_positions"), d)
         for l_idx in range(n_enc):
-            x = _encoder_layer_ref(layer(p["encoder"], l_idx), x, valid, norm, rope)
+            x = _encoder_layer_ref(layer(p["encoder"], l_idx), x, valid, norm, rope, normalizer)
             out["encoder"][b, l_idx] = np.stack(x)
         if norm == "pre":
             x = [layer_norm_ref(xi, p["encoder_norm"]) for xi in x]
@@ -182,7 +190,7 @@ def transformer_ref(params, src, src_mask, tgt_in, *, norm, positions, share_emb
         y = _embed(tgt_table, tgt_in[b], positions, p.get("tgt_positions"), d)
         for l_idx in range(n_dec):
             y, out["cross"][b, l_idx] = _decoder_layer_ref(
-                layer(p["decoder"], l_idx), y, memory, valid, norm, rope
+                layer(p["decoder"], l_idx), y, memory, valid, norm, rope, normalizer
             )
             out["decoder"][b, l_idx] = np.stack(y)
         if norm == "pre":
