@@ -342,7 +342,7 @@ def _attend_heads(
     k: Float[Array, "B G S K"],
     v: Float[Array, "B G S K"],
     mask: Bool[Array, "..."],
-    normalizer: str,
+    normalizer: str = "softmax",
 ) -> tuple[Float[Array, "B T D"], Float[Array, "B H T S"]]:
     """Scaled dot-product attention per head, then ``Concat(heads) W^O``: ``(out, weights)``.
 
@@ -362,7 +362,7 @@ def _attend_heads(
 
 
 def _self_attention(
-    p: dict, x: Float[Array, "B T D"], mask: Bool[Array, "..."], rope: bool, normalizer: str
+    p: dict, x: Float[Array, "B T D"], mask: Bool[Array, "..."], rope: bool, normalizer: str = "softmax"
 ) -> tuple[Float[Array, "B T D"], Float[Array, "B H T T"]]:
     """Multi-head self-attention over all positions of ``x`` (RoPE on queries and keys when ``rope``)."""
     q, k, v = (project_heads(p[n], x) for n in _QKV)  # [B, H, T, K], [B, G, T, K], [B, G, T, K]

@@ -1,0 +1,115 @@
+"""configs/transformer_base.py: the full preset carries the paper's numbers (Vaswani et al. 2017, Table 3 "base",
+§5.3's learning-rate formula), and its ``:smoke`` variant trains through the normal trainer."""
+
+import dataclasses
+import io
+import math
+import os
+import pathlib
+
+import jax
+import numpy as np
+from flax import nnx
+
+from attn_jax.models.transformer import Transformer, TransformerConfig
+from attn_jax.train import (
+    apply_overrides,
+    check_config,
+    load_config,
+    make_schedule,
+    model_config,
+    optimizer_config,
+    read_metrics,
+    train_and_evaluate,
+)
+
+PRESET = pathlib.Path(__file__).resolve().parents[1] / "configs" / "transformer_base.py"
+
+
+def _parameter_count_by_hand(d, d_ff, n_enc, n_dec, src_vocab, tgt_vocab):
+    """The base model's parameters written out from §3: attention = 4 projections d×d with biases, FFN = two
+    dense layers, LayerNorm = scale and bias per sub-layer; embeddings per vocabulary, the softmax's bias."""
+    attention = 4 * (d * d + d)
+    ffn = d * d_ff + d_ff + d_ff * d + d
+    norm = 2 * d
+    encoder = n_enc * (attention + ffn + 2 * norm)
+    decoder = n_dec * (2 * attention + ffn + 3 * norm)
+    return encoder + decoder + (src_vocab + tgt_vocab) * d + tgt_vocab  # tied softmax: its bias only
+
+
+def test_full_preset_has_the_papers_settings():
+    c = load_config(str(PRESET))
+    check_config(c)
+    vocab = c.data.src_vocab_size + 4
+    m = model_config(c, src_vocab=vocab, tgt_vocab=c.data.tgt_vocab_size + 4)
+    assert isinstance(m, TransformerConfig)
+    # Table 3, base: N = 6, d_model = 512, d_ff = 2048, h = 8, d_k = d_v = 64, P_drop = 0.1, ε_ls = 0.1
+    assert (m.encoder_layers, m.decoder_layers, m.d_model, m.d_ff, m.heads, m.head_dim) == (
+        6,
+        6,
+        512,
+        2048,
+        8,
+        64,
+    )
+    assert (m.dropout, c.label_smoothing, m.norm, m.positions) == (0.1, 0.1, "post", "sinusoidal")
+    assert (m.share_embeddings, m.normalizer, m.num_kv_heads) == ("decoder", "softmax", 0)
+    assert vocab == 37_000 and vocab % 8 == 0
+    # WMT'14 English→German through TFDS, byte-pair pieces
+    d = c.data
+    assert (d.corpus, d.tfds_name, d.source_key, d.target_key) == (
+        "tfds",
+        "wmt14_translate/de-en",
+        "en",
+        "de",
+    )
+    assert (d.vocab, d.sentencepiece_type) == ("sentencepiece", "bpe")
+    # §5.3: Adam β1 = 0.9, β2 = 0.98, ε = 1e-9; lr = d^-0.5 · min(step^-0.5, step · 4000^-1.5), 100k updates
+    opt = optimizer_config(c)
+    assert (opt.name, opt.b1, opt.b2, opt.eps, opt.warmup_steps) == ("adam", 0.9, 0.98, 1e-9, 4000)
+    assert c.num_train_steps == 100_000 and c.keep_checkpoints >= 5  # the last 5 are averaged (§6.1)
+    schedule = make_schedule(opt)
+    for step in (1, 10, 1000, 3999, 4000, 4001, 10_000, 100_000):
+        paper = 512**-0.5 * min(step**-0.5, step * 4000**-1.5)
+        ours = float(schedule(step))
+        # float32 (optax): the linear warm-up computes peak − peak·(1 − step/4000), which cancels at small steps
+        # (step 1: 1.2e-11 absolute, 7e-5 relative); elsewhere float32 rounding, ~1e-7 relative
+        assert math.isclose(ours, paper, rel_tol=1e-6, abs_tol=1e-10), (step, ours, paper)
+    # the model's size, abstractly (no memory): the count written out from the paper's layer shapes
+    abstract = nnx.eval_shape(lambda: Transformer(m, rngs=nnx.Rngs(0)))
+    count = sum(x.size for x in jax.tree.leaves(nnx.state(abstract, nnx.Param)))
+    assert count == _parameter_count_by_hand(512, 2048, 6, 6, vocab, vocab)
+    shared = dataclasses.replace(m, share_embeddings="all")  # the paper's joint vocabulary: ~63M (paper: 65M)
+    shared_count = sum(
+        x.size
+        for x in jax.tree.leaves(
+            nnx.state(nnx.eval_shape(lambda: Transformer(shared, rngs=nnx.Rngs(0))), nnx.Param)
+        )
+    )
+    assert shared_count == count - vocab * 512 and 60e6 < shared_count < 66e6
+
+
+def test_smoke_variant_trains_through_the_trainer(tmp_path):
+    config = load_config(f"{PRESET}:smoke")
+    full = load_config(str(PRESET))
+    for key in ("arch", "heads", "norm", "positions", "share_embeddings", "dropout"):
+        assert config.model[key] == full.model[key], key
+    assert config.optimizer.to_dict() == {**full.optimizer.to_dict(), "warmup_steps": 0}
+    assert config.data.corpus == "synthetic" and config.data.vocab == "word"
+    # a few of its updates, evaluated and checkpointed once (the full 30 take longer than this test may)
+    config = apply_overrides(
+        config,
+        ["num_train_steps=6", "log_every=3", "eval_every=6", "checkpoint_every=6", "tensorboard=False"],
+    )
+    out = io.StringIO()
+    result = train_and_evaluate(config, str(tmp_path), stream=out, tty=False)
+    assert result.step == 6
+    records = list(read_metrics(os.path.join(tmp_path, "metrics.jsonl")))
+    train = [r for r in records if r["split"] == "train"]
+    assert [r["step"] for r in train] == [3, 6]
+    assert all(np.isfinite(r["loss"]) for r in train)
+    assert (
+        train[-1]["loss"] < train[0]["loss"]
+    )  # Adam at the paper's peak rate moves the loss within 6 updates
+    validation = [r for r in records if r["split"] == "validation"]
+    assert [r["step"] for r in validation] == [6] and np.isfinite(validation[0]["loss"])
