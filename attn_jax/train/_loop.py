@@ -159,7 +159,7 @@ def _attention_label(m) -> str:
 
 
 def _sum(tree) -> dict[str, float]:
-    return {k: float(np.asarray(v, np.float64)) for k, v in tree._asdict().items()}
+    return {k: float(np.asarray(v, np.float64)) for k, v in tree._asdict().items() if v is not None}
 
 
 def evaluate(
@@ -205,7 +205,7 @@ def evaluate(
 def _loss_record(s: dict[str, float]) -> dict[str, float]:
     tokens, sentences = max(s["tokens"], 1.0), max(s["sentences"], 1.0)
     nll = s["nll"] / tokens
-    return {
+    out = {
         "loss": s["loss"] / tokens,
         "nll_per_token": nll,
         "ppl": math.exp(nll) if nll < 700 else math.inf,
@@ -213,6 +213,9 @@ def _loss_record(s: dict[str, float]) -> dict[str, float]:
         "tokens": s["tokens"],
         "sentences": s["sentences"],
     }
+    if "coverage" in s:  # lambda_coverage > 0: the unweighted coverage loss per token (``loss`` holds λ · it)
+        out["coverage_loss"] = s["coverage"] / tokens
+    return out
 
 
 class _Window:
@@ -234,8 +237,8 @@ class _Window:
         self.timed_steps = 0
 
     def add(self, loss: dict[str, float], grad_norm: float, seconds: float | None):
-        for k in self.sums:
-            self.sums[k] += loss[k]
+        for k in loss:
+            self.sums[k] = self.sums.get(k, 0.0) + loss[k]
         self.grad_norm += grad_norm
         self.steps += 1
         if seconds is not None:
@@ -576,6 +579,7 @@ def train_and_evaluate(
             model=model_config(config, inputs.src_vocab.size, inputs.tgt_vocab.size),
             optimizer=optimizer_config(config),
             label_smoothing=config.label_smoothing,
+            lambda_coverage=config.lambda_coverage,
         )
         place.bind(step_cfg)
         config_dict = json.loads(config.to_json())

@@ -22,6 +22,7 @@ from flax import nnx
 
 from attn_jax.data import Batch
 from attn_jax.models import ModelConfig, build_model
+from attn_jax.train._coverage import coverage_loss
 from attn_jax.train._diagnostics import AttentionStats, attention_stats
 from attn_jax.train._loss import LossSums, loss_sums
 from attn_jax.train._optim import OptimizerConfig, make_optimizer, make_schedule
@@ -50,11 +51,14 @@ class StepConfig:
       model: the model's sizes and options (vocabulary sizes filled in from the built vocabularies).
       optimizer: the optimiser and its schedule.
       label_smoothing: ``ε`` of the training loss (validation reports it too, and always the plain NLL).
+      lambda_coverage: ``λ`` of the coverage loss (See et al. 2017) added to the token-level loss sum; 0 adds
+        nothing and computes nothing.
     """
 
     model: ModelConfig
     optimizer: OptimizerConfig = OptimizerConfig()
     label_smoothing: float = 0.0
+    lambda_coverage: float = 0.0
 
 
 @flax.struct.dataclass
@@ -142,6 +146,11 @@ def _forward(config: StepConfig, params: dict, batch: Batch, dropout_rng: jax.Ar
     kwargs = {} if dropout_rng is None else {"dropout_rng": dropout_rng}
     logits, weights = build_module(config.model, params)(batch.src, src_mask, batch.tgt_in, **kwargs)
     sums = loss_sums(logits, batch.tgt_out, tgt_mask, label_smoothing=config.label_smoothing)
+    if config.lambda_coverage > 0:
+        if weights is None:
+            raise ValueError("lambda_coverage > 0 needs a model with attention weights")
+        coverage = jnp.sum(coverage_loss(weights, tgt_mask))
+        sums = sums._replace(loss=sums.loss + config.lambda_coverage * coverage, coverage=coverage)
     return sums, weights, src_mask, tgt_mask
 
 
@@ -149,7 +158,8 @@ def _forward(config: StepConfig, params: dict, batch: Batch, dropout_rng: jax.Ar
 def train_step(state: TrainState, batch: Batch, config: StepConfig) -> tuple[TrainState, TrainMetrics]:
     """One update on ``batch``: token-level loss, gradients, the optimiser; ``state``'s buffers are donated.
 
-    The objective is ``Σ loss / Σ tokens`` over the batch's real target tokens (:func:`loss_sums`).
+    The objective is ``Σ loss / Σ tokens`` over the batch's real target tokens (:func:`loss_sums`, plus
+    ``λ ·`` the coverage loss when ``config.lambda_coverage > 0``).
     Bind the config to get the ``train_step(state, batch) -> (state, metrics)`` of the Flax examples:
     ``step = functools.partial(train_step, config=cfg)``.
     """
