@@ -158,8 +158,12 @@ def _attention_label(m) -> str:
     return str(getattr(m, "scorer", None) or getattr(m, "attention", None))
 
 
-def _sum(tree) -> dict[str, float]:
-    return {k: float(np.asarray(v, np.float64)) for k, v in tree._asdict().items() if v is not None}
+def _sum(tree, coverage=None) -> dict[str, float]:
+    """A :class:`LossSums` as floats, plus the coverage-loss sum under ``coverage`` when there is one."""
+    out = {k: float(np.asarray(v, np.float64)) for k, v in tree._asdict().items()}
+    if coverage is not None:
+        out["coverage"] = float(np.asarray(coverage, np.float64))
+    return out
 
 
 def evaluate(
@@ -185,7 +189,7 @@ def evaluate(
     attn = None
     for batch in batches:
         m = jax.device_get(step(params, batch))
-        step_loss = _sum(m.loss)
+        step_loss = _sum(m.loss, m.coverage)
         loss = step_loss if loss is None else {k: loss[k] + step_loss[k] for k in loss}
         if m.attention is not None:
             a = m.attention
@@ -698,7 +702,7 @@ def _train(config, config_dict, place, inputs, ckpt, logger, latest) -> TrainRes
         state, metrics = place.train_step(state, batch)
         step += 1
         m = jax.device_get(metrics)
-        loss, grad_norm = _sum(m.loss), float(m.grad_norm)
+        loss, grad_norm = _sum(m.loss, m.coverage), float(m.grad_norm)
         if not (math.isfinite(loss["loss"]) and math.isfinite(grad_norm)):
             raise _diverged(f"loss {loss['loss']}, gradient norm {grad_norm}", step, ckpt)
         window.add(loss, grad_norm, None if step == start + 1 else time.monotonic() - tic)

@@ -27,15 +27,12 @@ class LossSums(NamedTuple):
         ``exp(nll / tokens)``).
       tokens: number of real target tokens (``</s>`` included, padding excluded).
       sentences: number of sentences with at least one real target token (padding rows excluded).
-      coverage: ``Σ`` of the coverage loss (:func:`attn_jax.train.coverage_loss`, unweighted) when the trainer
-        adds it (``lambda_coverage > 0``; ``loss`` then includes ``λ ·`` it); ``None`` otherwise.
     """
 
     loss: Float[Array, ""]
     nll: Float[Array, ""]
     tokens: Float[Array, ""]
     sentences: Float[Array, ""]
-    coverage: Float[Array, ""] | None = None
 
 
 def token_cross_entropy(
