@@ -274,6 +274,8 @@ def _validation_line(step: int, v: dict) -> str:
         f"validation @ step {step}: loss {v['loss']:.4f} | ppl {v['ppl']:.2f} | "
         f"nll/sentence {v['nll_per_sentence']:.2f}"
     )
+    if "coverage_loss" in v:
+        line += f" | coverage loss {v['coverage_loss']:.4f}"
     if "attn_entropy" in v:
         corr = v["attn_diag_corr"]
         line += (
