@@ -19,6 +19,14 @@ reverse mode keeps no ``[..., T, S, A]`` tensor (nor, in a decoder ``lax.scan``,
 step). ``fused=False`` selects the plain autodiff of the formula, which saves the float32 ``[..., T, S, A]`` tanh
 for the backward pass; it is the one to use with forward-mode autodiff (``jax.jvp``), which the fused path
 lacks. Both give the same values and gradients up to float32 rounding.
+
+Coverage (Tu et al. 2016, "Modeling Coverage for Neural Machine Translation"; See, Liu & Manning 2017, "Get To
+The Point", eq. 11): when the params hold a coverage weight ``"w_c" [A]`` (``init_additive_params(...,
+coverage=True)``), the scorer reads the attention accumulated so far, ``c_ij = Σ_{i'<i} α_{i'j}``, as an extra
+term: ``e_ij = vᵀ tanh(W_q s_i + W_k h_j + w_c c_ij + b)``. The caller carries ``c`` (a decoder adds each step's
+weights to it); :func:`attn_jax.train.coverage_loss` is the matching penalty ``Σ_j min(α_ij, c_ij)``. Because
+``w_c c_ij`` depends on both the query and the key, the coverage-shifted keys ``k_j + w_c c_ij`` are formed per
+query (``[..., T, S, A]``; in a decoder step ``[B, S, A]``), and the fused scorer keeps them as its residual.
 """
 
 from __future__ import annotations
@@ -65,6 +73,7 @@ def init_additive_params(
     use_bias: bool = True,
     normalize: bool = False,
     init: str = "fan_in",
+    coverage: bool = False,
     dtype=jnp.float32,
 ) -> dict[str, Array]:
     r"""Initialise the parameters of the additive scorer ``vᵀ tanh(W_q s + W_k h + b)``.
@@ -80,6 +89,11 @@ def init_additive_params(
     ``g = sqrt(1/A)`` is added and the scorer uses ``g · v / ‖v‖``; as in tf/nmt this always creates the bias
     ``b`` (zeros), whatever ``use_bias`` says.
 
+    With ``coverage=True`` (See et al. 2017, eq. 11) a coverage weight ``w_c [A]`` is added: ``N(0, 1)`` (the
+    fan-in of a scalar coverage is 1) with ``init="fan_in"``, ``N(0, 0.001²)`` like ``W_a, U_a`` with
+    ``init="paper"``. It is drawn from ``fold_in(key, 3)``, so the other parameters are the same with or without
+    it.
+
     Args:
       key: PRNG key.
       query_features: ``Dq``, width of the decoder state / query.
@@ -89,11 +103,12 @@ def init_additive_params(
       normalize: weight-normalise ``v`` with a learned gain ``g []``.
       init: ``"fan_in"`` or ``"paper"`` (above). With ``normalize=True`` only ``"fan_in"`` (``v / ‖v‖`` of a
         zero ``v`` is undefined).
+      coverage: add the coverage weight ``w_c [A]`` (above).
       dtype: parameter dtype.
 
     Returns:
-      ``{"w_q": [Dq, A], "w_k": [Dk, A], "v": [A]}`` plus ``"b": [A]`` (if ``use_bias`` or ``normalize``) and
-      ``"g": []`` (if ``normalize``).
+      ``{"w_q": [Dq, A], "w_k": [Dk, A], "v": [A]}`` plus ``"b": [A]`` (if ``use_bias`` or ``normalize``),
+      ``"g": []`` (if ``normalize``) and ``"w_c": [A]`` (if ``coverage``).
 
     >>> p = init_additive_params(jax.random.key(0), 4, 6, 3, normalize=True)
     >>> {k: v.shape for k, v in sorted(p.items())}
@@ -106,6 +121,8 @@ def init_additive_params(
         raise ValueError(f"init must be 'fan_in' or 'paper', got {init!r}")
     if init == "paper" and normalize:
         raise ValueError("init='paper' sets v = 0, which normalize=True cannot divide by; use init='fan_in'")
+    if not isinstance(coverage, bool):
+        raise ValueError(f"coverage must be a bool, got {coverage!r}")
     k_q, k_k, k_v = jax.random.split(key, 3)
     if init == "paper":
         params = {
@@ -123,6 +140,12 @@ def init_additive_params(
         params["b"] = jnp.zeros((a,), dtype)
     if normalize:
         params["g"] = jnp.asarray(math.sqrt(1.0 / a), dtype)
+    if coverage:
+        # A key of its own (not a fourth split), so the other parameters do not depend on ``coverage``.
+        scale = 0.001 if init == "paper" else 1.0
+        params["w_c"] = (scale * jax.random.normal(jax.random.fold_in(key, 3), (a,), jnp.float32)).astype(
+            dtype
+        )
     return params
 
 
@@ -146,7 +169,38 @@ def _alignment_dim(params) -> int:
         raise ValueError(f"additive bias b must have shape [{a}], got {shape_str(params['b'])}")
     if "g" in params and jnp.shape(params["g"]) != ():
         raise ValueError(f"additive gain g must be a scalar, got shape {shape_str(params['g'])}")
+    if "w_c" in params and jnp.shape(params["w_c"]) != (a,):
+        raise ValueError(
+            f"additive coverage weight w_c must have shape [{a}], got {shape_str(params['w_c'])}"
+        )
     return a
+
+
+def _check_coverage(params, coverage, logits_shape: tuple[int, ...]) -> None:
+    """Raise unless ``coverage`` and the params' ``w_c`` come together and ``coverage`` fits ``[..., T, S]``."""
+    if coverage is None:
+        if "w_c" in params:
+            raise ValueError(
+                "additive params carry a coverage weight w_c but no coverage was given; pass coverage "
+                "(zeros before the first step)"
+            )
+        return
+    if "w_c" not in params:
+        raise ValueError(
+            "coverage was given but the additive params have no coverage weight w_c; use "
+            "init_additive_params(..., coverage=True)"
+        )
+    check_min_rank("coverage", coverage, 2)
+    if not jnp.issubdtype(jnp.asarray(coverage).dtype, jnp.floating):
+        raise ValueError(f"coverage must be a float array, got {jnp.asarray(coverage).dtype}")
+    try:
+        fits = jnp.broadcast_shapes(jnp.shape(coverage), logits_shape) == tuple(logits_shape)
+    except ValueError:
+        fits = False
+    if not fits:
+        raise ValueError(
+            f"coverage {shape_str(coverage)} does not broadcast to the attention logits {list(logits_shape)}"
+        )
 
 
 def _check_keys(params, keys) -> None:
@@ -220,22 +274,26 @@ def additive_scores(
     projected_keys: Float[Array, "... S A"],
     *,
     fused: bool = True,
+    coverage: Float[Array, "... T S"] | None = None,
 ) -> Float[Array, "... T S"]:
     r"""Additive energies ``e_ij = vᵀ tanh(W_q s_i + W_k h_j + b)`` from pre-projected keys.
 
-    .. math:: e_{ij} = v^\top \tanh(W_q^\top s_i + k_j + b), \qquad k_j = W_k^\top h_j
+    .. math:: e_{ij} = v^\top \tanh(W_q^\top s_i + k_j + w_c\, c_{ij} + b), \qquad k_j = W_k^\top h_j
 
     Bahdanau, Cho & Bengio 2015, appendix A.1.2 (eq. for ``a(s_{i-1}, h_j)``). ``b`` is added if present in
     ``params``; if ``params`` has a gain ``"g"``, ``v`` is replaced by ``g · v / ‖v‖`` (weight normalisation).
     The tanh argument is formed in float32. With ``fused=True`` (the default) the gradient recomputes the tanh
     rather than saving the ``[..., T, S, A]`` tensor (:func:`fused_additive_scores`); ``fused=False`` is the
-    plain autodiff of the formula (needed for ``jax.jvp``).
+    plain autodiff of the formula (needed for ``jax.jvp``). The coverage term ``w_c c_ij`` (See et al. 2017,
+    eq. 11) is there only when ``params`` hold ``w_c``, and then ``coverage`` must be given.
 
     Args:
       params: from :func:`init_additive_params`.
       query: decoder states ``[..., T, Dq]``.
       projected_keys: ``project_keys(params, keys)``, ``[..., S, A]``.
       fused: use the memory-lean custom-VJP scorer (default) or the plain formula.
+      coverage: the attention accumulated before each query, ``c_ij = Σ_{i'<i} α_{i'j}``, broadcastable to
+        ``[..., T, S]``; exactly when ``params`` have ``w_c``.
 
     Returns:
       float32 energies ``[..., T, S]`` (leading axes broadcast).
@@ -244,12 +302,34 @@ def additive_scores(
     >>> additive_scores(p, jnp.ones((5, 4)), project_keys(p, jnp.ones((7, 6)))).shape
     (5, 7)
     """
-    _scores_shape(params, query, projected_keys)
+    logits_shape = _scores_shape(params, query, projected_keys)
+    _check_coverage(params, coverage, logits_shape)
     pq = jnp.einsum("...td,da->...ta", query, params["w_q"], preferred_element_type=jnp.float32)
+    if coverage is not None:
+        return _coverage_scores(params, pq, projected_keys, coverage, fused)
     if fused:
         return fused_additive_scores(pq, projected_keys, _effective_v(params), params.get("b"))
     # [..., T, S, A]: every query against every key.
     pre = pq.astype(jnp.float32)[..., :, None, :] + jnp.asarray(projected_keys, jnp.float32)[..., None, :, :]
+    if "b" in params:
+        pre = pre + jnp.asarray(params["b"], jnp.float32)
+    return jnp.einsum("...tsa,a->...ts", jnp.tanh(pre), _effective_v(params))
+
+
+def _coverage_scores(params, pq, projected_keys, coverage, fused: bool) -> Float[Array, "... T S"]:
+    """Energies with the coverage term: each query gets its own keys ``k_j + w_c c_ij``."""
+    w_c = jnp.asarray(params["w_c"], jnp.float32)
+    # [..., T, S, A]: the keys shifted by each query's coverage
+    shifted = (
+        jnp.asarray(projected_keys, jnp.float32)[..., None, :, :]
+        + jnp.asarray(coverage, jnp.float32)[..., None] * w_c
+    )
+    if fused:
+        # One query per key set: q [..., T, 1, A] against [..., T, S, A] gives [..., T, 1, S].
+        return fused_additive_scores(pq[..., :, None, :], shifted, _effective_v(params), params.get("b"))[
+            ..., 0, :
+        ]
+    pre = pq.astype(jnp.float32)[..., :, None, :] + shifted
     if "b" in params:
         pre = pre + jnp.asarray(params["b"], jnp.float32)
     return jnp.einsum("...tsa,a->...ts", jnp.tanh(pre), _effective_v(params))
@@ -266,6 +346,7 @@ def additive_attention(
     return_weights: bool = False,
     fused: bool = True,
     normalizer: str = "softmax",
+    coverage: Float[Array, "... T S"] | None = None,
 ) -> Float[Array, "... T Dv"] | tuple[Float[Array, "... T Dv"], Float[Array, "... T S"]]:
     r"""Bahdanau additive attention: score every key, softmax over the source axis, mix the values.
 
@@ -291,6 +372,9 @@ def additive_attention(
       normalizer: ``"softmax"`` (the paper), ``"sparsemax"`` (Martins & Astudillo 2016) or ``"entmax15"``
         (Peters et al. 2019), which can give source words exactly zero weight; see
         :func:`attn_jax.masked_normalize`.
+      coverage: ``c_ij``, the attention each source word has received before query ``i``, broadcastable to
+        ``[..., T, S]``; exactly when ``params`` have ``w_c`` (coverage, See et al. 2017). Entries the mask never
+        reads are zeroed first, like padded keys.
 
     Returns:
       context ``[..., T, Dv]`` in ``values``' dtype, or ``(context, weights [..., T, S])``.
@@ -333,13 +417,16 @@ def additive_attention(
         ["attention logits", "values batch axes"], [logits_shape[:-2], jnp.shape(values)[:-2]]
     )
     check_mask(mask, logits_shape)
+    _check_coverage(params, coverage, logits_shape)
     # Rows the mask never reads (padding) are zeroed before any arithmetic (see zero_masked_keys): NaN or ±inf
     # there reaches neither the context nor a gradient. Keys given as projected_keys are zeroed here, values
     # by attend.
     query = zero_masked_queries(query, mask)
     if given_projection:
         projected_keys = zero_masked_keys(projected_keys, mask)
-    scores = additive_scores(params, query, projected_keys, fused=fused)
+    if coverage is not None and mask is not None:
+        coverage = jnp.where(mask, coverage, 0.0)  # where, not a product: NaN at padding reaches nothing
+    scores = additive_scores(params, query, projected_keys, fused=fused, coverage=coverage)
     context, weights = attend_normalized(scores, values, mask, normalizer=normalizer)
     return (context, weights) if return_weights else context
 
@@ -353,11 +440,12 @@ def additive_attention_step(
     *,
     fused: bool = True,
     normalizer: str = "softmax",
+    coverage: Float[Array, "... S"] | None = None,
 ) -> tuple[Float[Array, "... Dv"], Float[Array, "... S"]]:
     r"""One decoder step of additive attention (one query against all keys), for use inside ``lax.scan``.
 
-    .. math:: \alpha_{j} = \operatorname{softmax}_j\big(v^\top \tanh(W_q s + k_j + b)\big), \quad
-        c = \sum_j \alpha_j v_j
+    .. math:: \alpha_{j} = \operatorname{softmax}_j\big(v^\top \tanh(W_q s + k_j + w_c\, \mathrm{cov}_j + b)\big),
+        \quad c = \sum_j \alpha_j v_j
 
     Bahdanau et al. 2015, appendix A.1.2: ``projected_keys = project_keys(params, keys)`` is computed once
     outside the scan and only ``W_q s`` is computed per step. Equals :func:`additive_attention` on a length-1
@@ -372,6 +460,8 @@ def additive_attention_step(
       mask: boolean, broadcastable to ``[..., S]``; True = may attend.
       fused: score with the memory-lean custom-VJP scorer (default) or the plain formula.
       normalizer: ``"softmax"`` (default), ``"sparsemax"`` or ``"entmax15"``; see :func:`additive_attention`.
+      coverage: ``Σ`` of the previous steps' weights, broadcastable to ``[..., S]`` (zeros at the first step);
+        exactly when ``params`` have ``w_c`` (See et al. 2017). The caller adds the returned weights to it.
 
     Returns:
       ``(context [..., Dv], weights [..., S])``: context in ``values``' dtype, float32 weights.
@@ -391,6 +481,9 @@ def additive_attention_step(
         )
         check_mask(mask, batch + (jnp.shape(projected_keys)[-2],), what="step logits [..., S]")
         mask = jnp.asarray(mask)[..., None, :]
+    if coverage is not None:
+        check_min_rank("coverage", coverage, 1)
+        coverage = jnp.asarray(coverage)[..., None, :]
     context, weights = additive_attention(
         params,
         jnp.asarray(query)[..., None, :],
@@ -401,5 +494,6 @@ def additive_attention_step(
         return_weights=True,
         fused=fused,
         normalizer=normalizer,
+        coverage=coverage,
     )
     return context[..., 0, :], weights[..., 0, :]

@@ -65,10 +65,13 @@ class RNNDecoderState(NamedTuple):
       hidden: ``s_{i-1}`` ``[B, n]``, float32.
       feed: ``[B, l]`` the previous step's maxout readout ``t_{i-1}`` when Luong-style input feeding is on
         (zeros before the first step); ``None`` otherwise.
+      coverage: ``[B, S]`` float32, the attention each source word has received so far, ``Σ_{i'<i} α_{i'}``,
+        when the model has coverage (zeros before the first step); ``None`` otherwise.
     """
 
     hidden: Float[Array, "B n"]
     feed: Float[Array, "B l"] | None
+    coverage: Float[Array, "B S"] | None = None
 
 
 StateT = TypeVar("StateT")

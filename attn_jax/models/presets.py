@@ -59,6 +59,11 @@ class RNNConfig:
         states it has already produced (RNNsearch: in both directions; RNNenc: in its one encoder). Its scorer
         has width ``align``. Off (the default) leaves both models exactly as the papers'. See
         ``attn_jax.nn.intra``.
+      coverage: the attention accumulated over the previous target words, ``c_ij = Σ_{i'<i} α_{i'j}``, is
+        carried in the decoder state and read by the additive scorer, ``vᵀ tanh(W_a s_{i-1} + U_a h_j +
+        w_c c_ij + b)`` (Tu et al. 2016; See, Liu & Manning 2017, eq. 11): RNNsearch with ``scorer="additive"``
+        or ``"normed_additive"`` only. Off (the default) leaves the model exactly as the paper's. Train it with
+        the coverage loss (the trainer's ``lambda_coverage``).
       local_window: ``D``, half-width of the local-p window (Luong: 10).
       attention_init: initialisation of the additive scorer (``scorer="additive"``): ``"fan_in"``
         (fan-in-scaled normals) or ``"paper"`` (appendix B.1: ``W_a, U_a ~ N(0, 0.001²)``, ``v_a = 0``); see
@@ -82,6 +87,7 @@ class RNNConfig:
     scorer: Scorer = "additive"
     input_feeding: bool = False
     intra_attention: bool = False
+    coverage: bool = False
     local_window: int = 10
     attention_init: str = "fan_in"
     normalizer: str = "softmax"
@@ -101,6 +107,13 @@ class RNNConfig:
             raise ValueError(f"model config: input_feeding must be a bool, got {self.input_feeding!r}")
         if not isinstance(self.intra_attention, bool):
             raise ValueError(f"model config: intra_attention must be a bool, got {self.intra_attention!r}")
+        if not isinstance(self.coverage, bool):
+            raise ValueError(f"model config: coverage must be a bool, got {self.coverage!r}")
+        if self.coverage and (self.arch != "rnnsearch" or self.scorer not in ("additive", "normed_additive")):
+            raise ValueError(
+                "model config: coverage feeds the additive scorer (arch='rnnsearch', scorer='additive' or "
+                f"'normed_additive'); got arch={self.arch!r}, scorer={self.scorer!r}"
+            )
         if self.attention_init not in ("fan_in", "paper"):
             raise ValueError(
                 f"model config: attention_init must be 'fan_in' or 'paper', got {self.attention_init!r}"

@@ -48,6 +48,12 @@ attends over ``←h_k``, ``k > j``), and ``→h_j = GRU(E x_j, →h̃_j)``; the 
 ``vᵀ tanh(W_h h_k + W_x E x_j + W_h̃ h̃_{j-1} + b)`` with width ``n'`` (``align``), one scorer per direction.
 Padding is neither read nor attended; the annotations, ``←h_1`` and the decoder are unchanged in form.
 
+Coverage (``coverage=True``; off by default, which leaves the model exactly as above). Tu et al. (2016) and See,
+Liu & Manning (2017, eq. 11): the decoder state carries ``c_i = Σ_{i'<i} α_{i'}`` (``c_1 = 0``; beam search
+reorders it with the rest of the state), and the additive score becomes ``v_aᵀ tanh(W_a s_{i-1} + U_a h_j +
+w_c c_ij + b)``, so a source word that has been attended to can be scored down; the trainer's coverage loss
+(``lambda_coverage``, :func:`attn_jax.train.coverage_loss`) makes re-attending cost. Additive scorers only.
+
 Where the paper is silent or this code departs from it: biases are kept (GRU, ``b_s``, ``b_o``, output bias;
 the paper omits them from its equations); the deep output reads ``s_{i-1}`` exactly as appendix A.2.2 writes
 it (section 3.1's ``g(y_{i-1}, s_i, c_i)`` would read ``s_i``); the scorers' parameters are initialised by
@@ -131,6 +137,7 @@ class RNNsearch(nnx.Module):
                 normalize=config.scorer == "normed_additive",
                 init=config.attention_init,
                 normalizer=config.normalizer,
+                coverage=config.coverage,
                 param_dtype=pd,
                 rngs=rngs,
             )
@@ -166,7 +173,7 @@ class RNNsearch(nnx.Module):
     # ----------------------------------------------------------------------------------------------- decoder
 
     def init_decoder_state(self, enc: EncoderOutput) -> RNNDecoderState:
-        """``s_0 = tanh(W_s ←h_1 + b_s)`` (and ``t_0 = 0`` with input feeding)."""
+        """``s_0 = tanh(W_s ←h_1 + b_s)`` (and ``t_0 = 0`` with input feeding, a zero coverage with coverage)."""
         p = unwrap(self.init_state)
         s0 = jnp.tanh(linear(enc.summary, p["w_s"], self.config.dtype) + p["b_s"].astype(jnp.float32))
         feed = (
@@ -174,14 +181,18 @@ class RNNsearch(nnx.Module):
             if self.config.input_feeding
             else None
         )
-        return RNNDecoderState(hidden=s0, feed=feed)
+        if not self.config.coverage:
+            return RNNDecoderState(hidden=s0, feed=feed)
+        return RNNDecoderState(hidden=s0, feed=feed, coverage=jnp.zeros(enc.mask.shape, jnp.float32))
 
     def _attend(
-        self, enc: EncoderOutput, query: Float[Array, "B n"]
+        self, enc: EncoderOutput, query: Float[Array, "B n"], coverage: Float[Array, "B S"] | None = None
     ) -> tuple[Float[Array, "B 2n"], Float[Array, "B S"]]:
-        """``(c_i, α_i)`` for the query ``s_{i-1}``."""
+        """``(c_i, α_i)`` for the query ``s_{i-1}`` (and the coverage so far, with coverage)."""
         q = query.astype(self.config.dtype)
         if self.attention is not None:
+            if coverage is not None:
+                return self.attention.step(q, enc.keys, enc.memory, enc.mask, coverage=coverage)
             return self.attention.step(q, enc.keys, enc.memory, enc.mask)
         mask = enc.mask[:, None, :]  # [B, 1, S]
         scores = _luong.dot_scores(q[:, None, :], enc.keys)  # [B, 1, S]
@@ -217,13 +228,15 @@ class RNNsearch(nnx.Module):
         the readout is computed outside the scan, for all positions at once).
         """
         s_prev = state.hidden
-        ctx, weights = self._attend(enc, s_prev)
+        ctx, weights = self._attend(enc, s_prev, state.coverage)
         x_proj = embedding_proj + self.decoder.project_inputs(None, ctx, bias=False)
         readout = None
         if state.feed is not None:
             x_proj = x_proj + linear(state.feed, self.feed_kernel[...], self.config.dtype)
             readout = self.output.readout(s_prev, embedding, ctx)
         new_state = RNNDecoderState(hidden=self.decoder(s_prev, x_proj), feed=readout)
+        if state.coverage is not None:
+            new_state = new_state._replace(coverage=state.coverage + weights)
         return new_state, (s_prev, ctx, weights, readout)
 
     def decode_step(

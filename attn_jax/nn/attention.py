@@ -26,6 +26,8 @@ class AdditiveAttention(nnx.Module):
     instead of saving a ``[..., T, S, A]`` tensor (one ``[B, S, A]`` per step of a decoder scan); ``fused=False`` is
     the plain autodiff of the formula (use it for forward-mode ``jax.jvp``). ``normalizer`` turns the scores into
     weights: ``"softmax"`` (default), ``"sparsemax"`` or ``"entmax15"`` (``attn_jax.masked_normalize``).
+    ``coverage=True`` adds the coverage weight ``w_c`` (See et al. 2017): every call then takes the accumulated
+    attention ``coverage`` (``attn_jax.additive_attention``).
     """
 
     def __init__(
@@ -39,6 +41,7 @@ class AdditiveAttention(nnx.Module):
         fused: bool = True,
         init: str = "fan_in",
         normalizer: str = "softmax",
+        coverage: bool = False,
         param_dtype=jnp.float32,
         rngs: nnx.Rngs,
     ):
@@ -52,6 +55,7 @@ class AdditiveAttention(nnx.Module):
             use_bias=use_bias,
             normalize=normalize,
             init=init,
+            coverage=coverage,
             dtype=param_dtype,
         )
         names = {
@@ -60,6 +64,7 @@ class AdditiveAttention(nnx.Module):
             "v": ("align",),
             "b": ("align",),
             "g": (),
+            "w_c": ("align",),
         }
         self.params = nnx.Dict(wrap(params, {k: names[k] for k in params}))
 
@@ -76,6 +81,7 @@ class AdditiveAttention(nnx.Module):
         *,
         projected_keys: Float[Array, "... S A"] | None = None,
         return_weights: bool = False,
+        coverage: Float[Array, "... T S"] | None = None,
     ):
         """All queries at once; see ``attn_jax.additive_attention``."""
         return _additive.additive_attention(
@@ -88,6 +94,7 @@ class AdditiveAttention(nnx.Module):
             return_weights=return_weights,
             fused=self.fused,
             normalizer=self.normalizer,
+            coverage=coverage,
         )
 
     def step(
@@ -96,8 +103,10 @@ class AdditiveAttention(nnx.Module):
         projected_keys: Float[Array, "... S A"],
         values: Float[Array, "... S Dv"],
         mask: Bool[Array, "... S"] | None = None,
+        *,
+        coverage: Float[Array, "... S"] | None = None,
     ) -> tuple[Float[Array, "... Dv"], Float[Array, "... S"]]:
-        """One decoder step: ``(context, weights)`` for a single query against all keys."""
+        """One decoder step: ``(context, weights)`` for a single query against all keys (and the coverage)."""
         return _additive.additive_attention_step(
             unwrap(self.params),
             query,
@@ -106,6 +115,7 @@ class AdditiveAttention(nnx.Module):
             mask,
             fused=self.fused,
             normalizer=self.normalizer,
+            coverage=coverage,
         )
 
 

@@ -42,6 +42,7 @@ from attn_jax.train._config import (
     paper_config,
     smoke_config,
 )
+from attn_jax.train._coverage import coverage_loss
 from attn_jax.train._diagnostics import DIAG_BAND, AttentionStats, attention_stats, summarize_attention
 from attn_jax.train._inputs import (
     Inputs,
@@ -122,6 +123,7 @@ __all__ = [
     "batch_configs",
     "build_module",
     "check_config",
+    "coverage_loss",
     "default_config",
     "describe_split",
     "eval_step",

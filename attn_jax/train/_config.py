@@ -16,12 +16,15 @@ evaluation and a checkpoint also happen at the last step.
 NLL per token; ``async_checkpoints`` (True) — orbax writes in the background.
 ``tensorboard`` (True) — TensorBoard event files beside ``metrics.jsonl``.
 ``label_smoothing`` (0.0) — ``ε`` of the training loss.
+``lambda_coverage`` (0.0) — ``λ`` of the coverage loss ``Σ_j min(α_tj, c_tj)`` (See et al. 2017; OpenNMT-py's
+``lambda_coverage``) added to the training loss and reported as ``coverage_loss``; needs ``model.coverage``.
 ``mixed_precision`` (False) — bfloat16 compute; parameters and optimiser state stay float32.
 ``model.arch`` picks the model and with it the other ``model.*`` keys: the fields of its config class except the
 vocabulary sizes (taken from the built vocabularies) and the dtypes (``mixed_precision``). ``rnnsearch`` /
 ``rnnenc`` (:class:`attn_jax.models.RNNConfig`): ``embed``, ``hidden``, ``maxout``, ``align``, ``scorer``,
 ``input_feeding``, ``local_window``, ``intra_attention``, ``attention_init``, ``normalizer`` (``softmax``,
-``sparsemax`` or ``entmax15``: what turns the attention scores into weights); ``gnmt`` (:class:`attn_jax.models.GNMTConfig`): ``embed``, ``hidden``,
+``sparsemax`` or ``entmax15``: what turns the attention scores into weights), ``coverage`` (False; RNNsearch with
+an additive scorer: the accumulated attention feeds the scorer, Tu et al. 2016 / See et al. 2017); ``gnmt`` (:class:`attn_jax.models.GNMTConfig`): ``embed``, ``hidden``,
 ``encoder_layers``, ``decoder_layers``, ``residual_start``, ``attention``, ``align``, ``pipeline_stages``;
 ``transformer`` (:class:`attn_jax.models.TransformerConfig`): ``d_model``, ``heads``, ``d_ff``, ``encoder_layers``,
 ``decoder_layers``, ``dropout``, ``norm``, ``positions``, ``max_length``, ``share_embeddings``.
@@ -68,6 +71,7 @@ import ast
 import dataclasses
 import difflib
 import importlib.util
+import math
 import os
 from collections.abc import Iterable
 from typing import Any
@@ -192,6 +196,7 @@ def default_config(arch: str = "rnnsearch") -> ml_collections.ConfigDict:
     c.async_checkpoints = True
     c.tensorboard = True
     c.label_smoothing = 0.0
+    c.lambda_coverage = 0.0
     c.mixed_precision = False
     c.model = model_defaults(arch)
     c.optimizer = ml_collections.ConfigDict(dataclasses.asdict(OptimizerConfig()))
@@ -524,6 +529,13 @@ def check_config(config: ml_collections.ConfigDict) -> None:
         raise ConfigError(f"seed must be an int in [0, 2**63 - 1], got {config.seed}")
     if not 0.0 <= config.label_smoothing < 1.0:
         raise ConfigError(f"label_smoothing must be in [0, 1), got {config.label_smoothing}")
+    if not (config.lambda_coverage >= 0.0 and math.isfinite(config.lambda_coverage)):
+        raise ConfigError(f"lambda_coverage must be a finite number >= 0, got {config.lambda_coverage}")
+    if config.lambda_coverage > 0 and not config.model.get("coverage", False):
+        raise ConfigError(
+            f"lambda_coverage={config.lambda_coverage} needs model.coverage=True (the coverage loss trains the "
+            "coverage model; OpenNMT-py's lambda_coverage likewise needs coverage_attn)"
+        )
     d = config.data
     if d.corpus not in CORPORA:
         raise ConfigError(f"data.corpus must be one of {', '.join(CORPORA)}; got {d.corpus!r}")

@@ -158,8 +158,12 @@ def _attention_label(m) -> str:
     return str(getattr(m, "scorer", None) or getattr(m, "attention", None))
 
 
-def _sum(tree) -> dict[str, float]:
-    return {k: float(np.asarray(v, np.float64)) for k, v in tree._asdict().items()}
+def _sum(tree, coverage=None) -> dict[str, float]:
+    """A :class:`LossSums` as floats, plus the coverage-loss sum under ``coverage`` when there is one."""
+    out = {k: float(np.asarray(v, np.float64)) for k, v in tree._asdict().items()}
+    if coverage is not None:
+        out["coverage"] = float(np.asarray(coverage, np.float64))
+    return out
 
 
 def evaluate(
@@ -185,7 +189,7 @@ def evaluate(
     attn = None
     for batch in batches:
         m = jax.device_get(step(params, batch))
-        step_loss = _sum(m.loss)
+        step_loss = _sum(m.loss, m.coverage)
         loss = step_loss if loss is None else {k: loss[k] + step_loss[k] for k in loss}
         if m.attention is not None:
             a = m.attention
@@ -205,7 +209,7 @@ def evaluate(
 def _loss_record(s: dict[str, float]) -> dict[str, float]:
     tokens, sentences = max(s["tokens"], 1.0), max(s["sentences"], 1.0)
     nll = s["nll"] / tokens
-    return {
+    out = {
         "loss": s["loss"] / tokens,
         "nll_per_token": nll,
         "ppl": math.exp(nll) if nll < 700 else math.inf,
@@ -213,6 +217,9 @@ def _loss_record(s: dict[str, float]) -> dict[str, float]:
         "tokens": s["tokens"],
         "sentences": s["sentences"],
     }
+    if "coverage" in s:  # lambda_coverage > 0: the unweighted coverage loss per token (``loss`` holds λ · it)
+        out["coverage_loss"] = s["coverage"] / tokens
+    return out
 
 
 class _Window:
@@ -234,8 +241,8 @@ class _Window:
         self.timed_steps = 0
 
     def add(self, loss: dict[str, float], grad_norm: float, seconds: float | None):
-        for k in self.sums:
-            self.sums[k] += loss[k]
+        for k in loss:
+            self.sums[k] = self.sums.get(k, 0.0) + loss[k]
         self.grad_norm += grad_norm
         self.steps += 1
         if seconds is not None:
@@ -267,6 +274,8 @@ def _validation_line(step: int, v: dict) -> str:
         f"validation @ step {step}: loss {v['loss']:.4f} | ppl {v['ppl']:.2f} | "
         f"nll/sentence {v['nll_per_sentence']:.2f}"
     )
+    if "coverage_loss" in v:
+        line += f" | coverage loss {v['coverage_loss']:.4f}"
     if "attn_entropy" in v:
         corr = v["attn_diag_corr"]
         line += (
@@ -576,6 +585,7 @@ def train_and_evaluate(
             model=model_config(config, inputs.src_vocab.size, inputs.tgt_vocab.size),
             optimizer=optimizer_config(config),
             label_smoothing=config.label_smoothing,
+            lambda_coverage=config.lambda_coverage,
         )
         place.bind(step_cfg)
         config_dict = json.loads(config.to_json())
@@ -694,7 +704,7 @@ def _train(config, config_dict, place, inputs, ckpt, logger, latest) -> TrainRes
         state, metrics = place.train_step(state, batch)
         step += 1
         m = jax.device_get(metrics)
-        loss, grad_norm = _sum(m.loss), float(m.grad_norm)
+        loss, grad_norm = _sum(m.loss, m.coverage), float(m.grad_norm)
         if not (math.isfinite(loss["loss"]) and math.isfinite(grad_norm)):
             raise _diverged(f"loss {loss['loss']}, gradient norm {grad_norm}", step, ckpt)
         window.add(loss, grad_norm, None if step == start + 1 else time.monotonic() - tic)

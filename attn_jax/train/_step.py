@@ -22,6 +22,7 @@ from flax import nnx
 
 from attn_jax.data import Batch
 from attn_jax.models import ModelConfig, build_model
+from attn_jax.train._coverage import coverage_loss
 from attn_jax.train._diagnostics import AttentionStats, attention_stats
 from attn_jax.train._loss import LossSums, loss_sums
 from attn_jax.train._optim import OptimizerConfig, make_optimizer, make_schedule
@@ -50,11 +51,14 @@ class StepConfig:
       model: the model's sizes and options (vocabulary sizes filled in from the built vocabularies).
       optimizer: the optimiser and its schedule.
       label_smoothing: ``ε`` of the training loss (validation reports it too, and always the plain NLL).
+      lambda_coverage: ``λ`` of the coverage loss (See et al. 2017) added to the token-level loss sum; 0 adds
+        nothing and computes nothing.
     """
 
     model: ModelConfig
     optimizer: OptimizerConfig = OptimizerConfig()
     label_smoothing: float = 0.0
+    lambda_coverage: float = 0.0
 
 
 @flax.struct.dataclass
@@ -76,18 +80,22 @@ class TrainState:
 
 
 class TrainMetrics(NamedTuple):
-    """What one train step reports (float32 scalars; loss sums as :class:`LossSums`)."""
+    """What one train step reports (float32 scalars; loss sums as :class:`LossSums`, whose ``loss`` includes
+    ``λ ·`` the coverage loss; ``coverage``: its unweighted sum when ``lambda_coverage > 0``, else ``None``)."""
 
     loss: LossSums
     grad_norm: Float[Array, ""]
     learning_rate: Float[Array, ""]
+    coverage: Float[Array, ""] | None = None
 
 
 class EvalMetrics(NamedTuple):
-    """What one eval step reports: loss sums and attention statistics (``None`` for a model without attention)."""
+    """What one eval step reports: loss sums, attention statistics (``None`` for a model without attention) and
+    the coverage-loss sum (``None`` unless ``lambda_coverage > 0``)."""
 
     loss: LossSums
     attention: AttentionStats | None
+    coverage: Float[Array, ""] | None = None
 
 
 @functools.lru_cache(maxsize=32)
@@ -138,18 +146,26 @@ def _masks(batch: Batch) -> tuple[jax.Array, jax.Array]:
 
 
 def _forward(config: StepConfig, params: dict, batch: Batch, dropout_rng: jax.Array | None = None):
+    """``(loss sums, coverage-loss sum or None, attention weights, src_mask, tgt_mask)`` of ``batch``."""
     src_mask, tgt_mask = _masks(batch)
     kwargs = {} if dropout_rng is None else {"dropout_rng": dropout_rng}
     logits, weights = build_module(config.model, params)(batch.src, src_mask, batch.tgt_in, **kwargs)
     sums = loss_sums(logits, batch.tgt_out, tgt_mask, label_smoothing=config.label_smoothing)
-    return sums, weights, src_mask, tgt_mask
+    coverage = None
+    if config.lambda_coverage > 0:  # static: with 0 nothing is computed and the loss is the cross-entropy's
+        if weights is None:
+            raise ValueError("lambda_coverage > 0 needs a model with attention weights")
+        coverage = jnp.sum(coverage_loss(weights, tgt_mask))
+        sums = sums._replace(loss=sums.loss + config.lambda_coverage * coverage)
+    return sums, coverage, weights, src_mask, tgt_mask
 
 
 @functools.partial(jax.jit, static_argnames="config", donate_argnames="state")
 def train_step(state: TrainState, batch: Batch, config: StepConfig) -> tuple[TrainState, TrainMetrics]:
     """One update on ``batch``: token-level loss, gradients, the optimiser; ``state``'s buffers are donated.
 
-    The objective is ``Σ loss / Σ tokens`` over the batch's real target tokens (:func:`loss_sums`).
+    The objective is ``Σ loss / Σ tokens`` over the batch's real target tokens (:func:`loss_sums`, plus
+    ``λ ·`` the coverage loss when ``config.lambda_coverage > 0``).
     Bind the config to get the ``train_step(state, batch) -> (state, metrics)`` of the Flax examples:
     ``step = functools.partial(train_step, config=cfg)``.
     """
@@ -161,10 +177,10 @@ def train_step(state: TrainState, batch: Batch, config: StepConfig) -> tuple[Tra
         dropout_rng = jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step)
 
     def objective(params):
-        sums, _, _, _ = _forward(config, params, batch, dropout_rng)
-        return sums.loss / jnp.maximum(sums.tokens, 1.0), sums
+        sums, coverage, _, _, _ = _forward(config, params, batch, dropout_rng)
+        return sums.loss / jnp.maximum(sums.tokens, 1.0), (sums, coverage)
 
-    (_, sums), grads = jax.value_and_grad(objective, has_aux=True)(state.params)
+    (_, (sums, coverage)), grads = jax.value_and_grad(objective, has_aux=True)(state.params)
     tx = make_optimizer(config.optimizer)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
@@ -172,6 +188,7 @@ def train_step(state: TrainState, batch: Batch, config: StepConfig) -> tuple[Tra
         loss=sums,
         grad_norm=optax.tree.norm(grads),
         learning_rate=jnp.asarray(make_schedule(config.optimizer)(state.step), jnp.float32),
+        coverage=coverage,
     )
     return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics
 
@@ -182,9 +199,9 @@ def eval_step(params: dict, batch: Batch, config: StepConfig) -> EvalMetrics:
 
     ``batch.gold`` (when present) adds the gold-alignment diagnostics.
     """
-    sums, weights, src_mask, tgt_mask = _forward(config, params, batch)
+    sums, coverage, weights, src_mask, tgt_mask = _forward(config, params, batch)
     stats = None if weights is None else attention_stats(weights, src_mask, tgt_mask, batch.gold)
-    return EvalMetrics(loss=sums, attention=stats)
+    return EvalMetrics(loss=sums, attention=stats, coverage=coverage)
 
 
 @jax.jit

@@ -75,8 +75,9 @@ def _readout_logits(out, s, e, c):
     return t, out["b_w"] + _vecmat(t, out["w_o"])
 
 
-def _energies(params, scorer, s, ann, n):
-    """Unnormalised scores ``e_j`` of one query ``s`` against the real annotations ``ann [L, 2n]``."""
+def _energies(params, scorer, s, ann, n, coverage=None):
+    """Unnormalised scores ``e_j`` of one query ``s`` against the real annotations ``ann [L, 2n]`` (with the
+    coverage term ``w_c c_j`` inside the tanh when ``coverage [L]`` is given)."""
     L = ann.shape[0]
     if scorer in ("additive", "normed_additive"):
         a = params["attention"]["params"]
@@ -85,6 +86,8 @@ def _energies(params, scorer, s, ann, n):
             v = a["g"] * v / math.sqrt(sum(x * x for x in v))
         q = _vecmat(s, a["w_q"]) + a.get("b", 0.0)
         keys = [_vecmat(ann[j], a["w_k"]) for j in range(L)]  # U_a h_j
+        if coverage is not None:
+            keys = [keys[j] + a["w_c"] * coverage[j] for j in range(L)]
         return np.array([sum(v[k] * math.tanh(q[k] + keys[j][k]) for k in range(len(v))) for j in range(L)])
     if scorer == "dot":
         return np.array([sum(s[d] * (ann[j, d] + ann[j, n + d]) for d in range(n)) for j in range(L)])
@@ -94,9 +97,9 @@ def _energies(params, scorer, s, ann, n):
     )
 
 
-def _weights(params, scorer, s, ann, n, window):
+def _weights(params, scorer, s, ann, n, window, coverage=None):
     """Attention weights over the real source words."""
-    e = _energies(params, scorer, s, ann, n)
+    e = _energies(params, scorer, s, ann, n, coverage)
     if scorer != "local-p":
         return softmax_row_ref(e)
     pos = params["score"]["position"]
@@ -109,8 +112,11 @@ def _weights(params, scorer, s, ann, n, window):
     return np.array([alpha[j] * math.exp(-((j - p) ** 2) / (2 * sigma**2)) for j in range(len(e))])
 
 
-def rnnsearch_ref(params, src, src_mask, tgt_in, *, scorer="additive", input_feeding=False, window=10):
-    """RNNsearch logits ``[B, T, V]`` and attention ``[B, T, S]`` (zeros at padding), sentence by sentence."""
+def rnnsearch_ref(
+    params, src, src_mask, tgt_in, *, scorer="additive", input_feeding=False, window=10, coverage=False
+):
+    """RNNsearch logits ``[B, T, V]`` and attention ``[B, T, S]`` (zeros at padding), sentence by sentence;
+    ``coverage``: the attention accumulated over the previous steps feeds the additive scorer."""
     params = _f64(params)
     src, src_mask, tgt_in = np.asarray(src), np.asarray(src_mask, bool), np.asarray(tgt_in)
     B, S = src.shape
@@ -129,9 +135,11 @@ def rnnsearch_ref(params, src, src_mask, tgt_in, *, scorer="additive", input_fee
             _vecmat(bwd[0], params["init_state"]["w_s"]) + params["init_state"]["b_s"]
         )  # s_0 = tanh(W_s ←h_1)
         feed = np.zeros(out["w_o"].shape[0])
+        covered = np.zeros(len(real))  # Σ of the previous steps' weights over the real words
         for i in range(T):
             e = params["tgt_embed"]["embedding"][tgt_in[b, i]]
-            alpha = _weights(params, scorer, s, ann, n, window)
+            alpha = _weights(params, scorer, s, ann, n, window, covered if coverage else None)
+            covered = covered + alpha
             c = sum(alpha[j] * ann[j] for j in range(len(real)))
             t, logits[b, i] = _readout_logits(out, s, e, c)
             for k, j in enumerate(real):

@@ -45,12 +45,16 @@ def effective_v_ref(v, g=None):
     return np.array([float(g) * x / norm for x in v])
 
 
-def additive_energies_ref(query, keys, w_q, w_k, v, b=None, g=None):
-    """Bahdanau energies ``e_ij = vᵀ tanh(W s_i + U h_j (+ b))``, ``[..., T, S]``; ``W = w_q``, ``U = w_k``."""
-    query, keys, w_q, w_k, b = map(_f64, (query, keys, w_q, w_k, b))
+def additive_energies_ref(query, keys, w_q, w_k, v, b=None, g=None, w_c=None, coverage=None):
+    """Bahdanau energies ``e_ij = vᵀ tanh(W s_i + U h_j (+ w_c c_ij) (+ b))``, ``[..., T, S]``; ``W = w_q``,
+    ``U = w_k``; the coverage term (See et al. 2017, eq. 11) when ``w_c [A]`` and ``coverage [..., T, S]`` are
+    given."""
+    query, keys, w_q, w_k, b, w_c = map(_f64, (query, keys, w_q, w_k, b, w_c))
     v_eff = effective_v_ref(v, g)
     A = v_eff.shape[0]
     batch, (query, keys) = _batch((query, 2), (keys, 2))
+    if coverage is not None:
+        coverage = np.broadcast_to(_f64(coverage), batch + (query.shape[-2], keys.shape[-2]))
     T, S = query.shape[-2], keys.shape[-2]
     out = np.zeros(batch + (T, S))
     for idx in np.ndindex(*batch):
@@ -61,15 +65,20 @@ def additive_energies_ref(query, keys, w_q, w_k, v, b=None, g=None):
                 acc = []
                 for a in range(A):
                     pre = ws[i][a] + uh[j][a] + (0.0 if b is None else b[a])
+                    if coverage is not None:
+                        pre += w_c[a] * coverage[idx + (i, j)]
                     acc.append(v_eff[a] * math.tanh(pre))
                 out[idx + (i, j)] = math.fsum(acc)
     return out
 
 
-def additive_ref(params, query, keys, values=None, mask=None):
-    """Additive attention ``(context, weights)`` in float64 from a params dict as in ``init_additive_params``."""
+def additive_ref(params, query, keys, values=None, mask=None, coverage=None):
+    """Additive attention ``(context, weights)`` in float64 from a params dict as in ``init_additive_params``
+    (with ``coverage [..., T, S]`` when the params hold ``w_c``)."""
     p = {k: np.asarray(v, np.float64) for k, v in params.items()}
-    e = additive_energies_ref(query, keys, p["w_q"], p["w_k"], p["v"], p.get("b"), p.get("g"))
+    e = additive_energies_ref(
+        query, keys, p["w_q"], p["w_k"], p["v"], p.get("b"), p.get("g"), p.get("w_c"), coverage
+    )
     w = softmax_ref(e, mask)
     return context_ref(w, keys if values is None else values), w
 
