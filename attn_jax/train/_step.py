@@ -22,6 +22,7 @@ from flax import nnx
 
 from attn_jax.data import Batch
 from attn_jax.models import ModelConfig, build_model
+from attn_jax.train._align import AlignmentSums, alignment_loss_sums
 from attn_jax.train._diagnostics import AttentionStats, attention_stats
 from attn_jax.train._loss import LossSums, loss_sums
 from attn_jax.train._optim import OptimizerConfig, make_optimizer, make_schedule
@@ -50,11 +51,14 @@ class StepConfig:
       model: the model's sizes and options (vocabulary sizes filled in from the built vocabularies).
       optimizer: the optimiser and its schedule.
       label_smoothing: ``ε`` of the training loss (validation reports it too, and always the plain NLL).
+      lambda_align: weight of the guided-alignment loss (:mod:`attn_jax.train._align`); needs batches with
+        ``gold``. At 0 the term is not part of the compiled step.
     """
 
     model: ModelConfig
     optimizer: OptimizerConfig = OptimizerConfig()
     label_smoothing: float = 0.0
+    lambda_align: float = 0.0
 
 
 @flax.struct.dataclass
@@ -76,18 +80,22 @@ class TrainState:
 
 
 class TrainMetrics(NamedTuple):
-    """What one train step reports (float32 scalars; loss sums as :class:`LossSums`)."""
+    """What one train step reports (float32 scalars; loss sums as :class:`LossSums`; ``align`` only with
+    ``lambda_align > 0``)."""
 
     loss: LossSums
     grad_norm: Float[Array, ""]
     learning_rate: Float[Array, ""]
+    align: AlignmentSums | None = None
 
 
 class EvalMetrics(NamedTuple):
-    """What one eval step reports: loss sums and attention statistics (``None`` for a model without attention)."""
+    """What one eval step reports: loss sums and attention statistics (``None`` for a model without attention);
+    the guided-alignment sums only with ``lambda_align > 0`` and gold alignments in the batch."""
 
     loss: LossSums
     attention: AttentionStats | None
+    align: AlignmentSums | None = None
 
 
 @functools.lru_cache(maxsize=32)
@@ -149,7 +157,8 @@ def _forward(config: StepConfig, params: dict, batch: Batch, dropout_rng: jax.Ar
 def train_step(state: TrainState, batch: Batch, config: StepConfig) -> tuple[TrainState, TrainMetrics]:
     """One update on ``batch``: token-level loss, gradients, the optimiser; ``state``'s buffers are donated.
 
-    The objective is ``Σ loss / Σ tokens`` over the batch's real target tokens (:func:`loss_sums`).
+    The objective is ``Σ loss / Σ tokens`` over the batch's real target tokens (:func:`loss_sums`), plus
+    ``lambda_align`` times the guided-alignment loss over the supervised target words when that weight is > 0.
     Bind the config to get the ``train_step(state, batch) -> (state, metrics)`` of the Flax examples:
     ``step = functools.partial(train_step, config=cfg)``.
     """
@@ -161,10 +170,19 @@ def train_step(state: TrainState, batch: Batch, config: StepConfig) -> tuple[Tra
         dropout_rng = jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step)
 
     def objective(params):
-        sums, _, _, _ = _forward(config, params, batch, dropout_rng)
-        return sums.loss / jnp.maximum(sums.tokens, 1.0), sums
+        sums, weights, src_mask, tgt_mask = _forward(config, params, batch, dropout_rng)
+        value = sums.loss / jnp.maximum(sums.tokens, 1.0)
+        if config.lambda_align == 0.0:  # not in the graph at all: the default run computes exactly as before
+            return value, (sums, None)
+        if weights is None or batch.gold is None:
+            raise ValueError(
+                "lambda_align > 0 needs a model that returns attention weights and batches with gold alignments "
+                f"(weights: {'none' if weights is None else 'yes'}, batch.gold: {batch.gold is not None})"
+            )
+        align = alignment_loss_sums(weights, batch.gold, src_mask, tgt_mask)
+        return value + config.lambda_align * align.loss / jnp.maximum(align.rows, 1.0), (sums, align)
 
-    (_, sums), grads = jax.value_and_grad(objective, has_aux=True)(state.params)
+    (_, (sums, align)), grads = jax.value_and_grad(objective, has_aux=True)(state.params)
     tx = make_optimizer(config.optimizer)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
@@ -172,6 +190,7 @@ def train_step(state: TrainState, batch: Batch, config: StepConfig) -> tuple[Tra
         loss=sums,
         grad_norm=optax.tree.norm(grads),
         learning_rate=jnp.asarray(make_schedule(config.optimizer)(state.step), jnp.float32),
+        align=align,
     )
     return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics
 
@@ -180,11 +199,15 @@ def train_step(state: TrainState, batch: Batch, config: StepConfig) -> tuple[Tra
 def eval_step(params: dict, batch: Batch, config: StepConfig) -> EvalMetrics:
     """Loss sums and attention statistics of ``batch`` under ``params`` (teacher forcing, no update).
 
-    ``batch.gold`` (when present) adds the gold-alignment diagnostics.
+    ``batch.gold`` (when present) adds the gold-alignment diagnostics, and with ``lambda_align > 0`` the
+    guided-alignment loss.
     """
     sums, weights, src_mask, tgt_mask = _forward(config, params, batch)
     stats = None if weights is None else attention_stats(weights, src_mask, tgt_mask, batch.gold)
-    return EvalMetrics(loss=sums, attention=stats)
+    align = None
+    if config.lambda_align > 0 and weights is not None and batch.gold is not None:
+        align = alignment_loss_sums(weights, batch.gold, src_mask, tgt_mask)
+    return EvalMetrics(loss=sums, attention=stats, align=align)
 
 
 @jax.jit
