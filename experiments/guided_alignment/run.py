@@ -24,6 +24,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 CONFIG = os.path.join(REPO, "configs", "rnnsearch_cpu.py")
+sys.path.insert(0, REPO)  # this checkout's attn_jax, not another installed copy
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -35,6 +36,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     p.add_argument("--seeds", default="0,1,2", help="comma-separated seeds (default: %(default)s)")
     p.add_argument("--steps", type=int, default=150, help="updates per run (default: %(default)s)")
+    p.add_argument(
+        "--train-size", type=int, default=4000, help="generated training pairs (default: %(default)s)"
+    )
     p.add_argument("--eval-pairs", type=int, default=200, help="validation pairs (default: %(default)s)")
     p.add_argument(
         "--test-per-bucket",
@@ -63,6 +67,7 @@ def run_one(args, lam: float, seed: int) -> dict:
     ]
     if not args.smoke:
         overrides += [
+            f"data.synthetic_spec.train_size={args.train_size}",
             f"data.max_eval_examples={args.eval_pairs}",
             f"optimizer.warmup_steps={min(100, steps // 3)}",
         ]
