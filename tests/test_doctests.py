@@ -26,6 +26,7 @@ MODULES = [
     "attn_jax.parallel._distributed",
     "attn_jax.nn.intra",
     "attn_jax.train._config",
+    "attn_jax.train._align",
     "attn_jax.train._tensorboard",
     "attn_jax.data._corpus",
     "attn_jax.pipeline._attention",

@@ -115,17 +115,59 @@ def _read_lines(path: str | os.PathLike) -> list[str]:
     return lines
 
 
-def read_plain_corpus(source_path: str | os.PathLike, target_path: str | os.PathLike) -> ParallelCorpus:
+def _check_links(path: str, lineno: int, line: str, source: str, target: str) -> str:
+    """A Pharaoh line ``i-j ...`` (``i?j``: possible link) checked against its pair's whitespace tokens."""
+    n_src, n_tgt = len(source.split()), len(target.split())
+    for link in line.split():
+        i, sep, j = link.replace("?", "-").partition("-")
+        if not (sep and i.isdigit() and j.isdigit()):
+            raise CorpusError(
+                f"{path}:{lineno}: malformed alignment link {link!r}; expected source-target, e.g. 0-1"
+            )
+        if int(i) >= n_src or int(j) >= n_tgt:
+            raise CorpusError(
+                f"{path}:{lineno}: alignment link {link!r} out of range: the pair has {n_src} source and "
+                f"{n_tgt} target words (0-based positions)"
+            )
+    return line
+
+
+def _with_alignments(
+    rows: list[tuple[str, str]], alignment_path: str | os.PathLike, text: str
+) -> list[tuple[str, str, str]]:
+    """``rows`` with line ``k`` of the Pharaoh file ``alignment_path`` as the third member of row ``k``."""
+    path = os.fspath(alignment_path)
+    lines = _read_lines(path)
+    if len(lines) != len(rows):
+        raise CorpusError(
+            f"{path}:{min(len(lines), len(rows)) + 1}: alignment file has {len(lines)} lines but {text} has "
+            f"{len(rows)}: one alignment line per sentence pair"
+        )
+    return [
+        (src, tgt, _check_links(path, k, line, src, tgt))
+        for k, ((src, tgt), line) in enumerate(zip(rows, lines, strict=True), start=1)
+    ]
+
+
+def read_plain_corpus(
+    source_path: str | os.PathLike,
+    target_path: str | os.PathLike,
+    alignment_path: str | os.PathLike | None = None,
+) -> ParallelCorpus:
     """Read a parallel corpus from two line-aligned UTF-8 files (one sentence a line).
 
     Args:
       source_path: source sentences.
       target_path: target sentences; line ``k`` translates line ``k`` of ``source_path``.
+      alignment_path: optional gold word alignments, line ``k`` for pair ``k`` in Pharaoh format ``i-j ...``
+        (0-based source word ``i``, target word ``j``, whitespace tokens; ``i?j`` a possible link; an empty
+        line: no links).
 
     Returns:
       The corpus. Pairs with an empty side are skipped and counted in ``skipped_empty``. Raises
       :class:`CorpusError` for a missing file, invalid UTF-8 (``file:line``), different line counts (naming
-      the first line without a partner) or no pairs left.
+      the first line without a partner), a malformed or out-of-range alignment link (``file:line``) or no
+      pairs left.
     """
     src, tgt = _read_lines(source_path), _read_lines(target_path)
     if len(src) != len(tgt):
@@ -134,10 +176,13 @@ def read_plain_corpus(source_path: str | os.PathLike, target_path: str | os.Path
             f"{os.fspath(longer)}:{min(len(src), len(tgt)) + 1}: line has no partner: "
             f"{os.fspath(source_path)} has {len(src)} lines but {os.fspath(target_path)} has {len(tgt)}"
         )
+    rows = list(zip(src, tgt, strict=True))
+    if alignment_path is not None:
+        rows = _with_alignments(rows, alignment_path, os.fspath(source_path))
     return _collect(
         f"{os.fspath(source_path)} | {os.fspath(target_path)}",
-        zip(src, tgt, strict=True),
-        with_alignments=False,
+        rows,
+        with_alignments=alignment_path is not None,
     )
 
 
@@ -236,7 +281,10 @@ def read_moses_corpus(prefix: str | os.PathLike, source_lang: str, target_lang: 
 
 
 def read_tsv_corpus(
-    path: str | os.PathLike, source_column: int = 0, target_column: int = 1
+    path: str | os.PathLike,
+    source_column: int = 0,
+    target_column: int = 1,
+    alignment_path: str | os.PathLike | None = None,
 ) -> ParallelCorpus:
     """Read a parallel corpus from a UTF-8 file of tab-separated columns, one pair a line.
 
@@ -244,6 +292,8 @@ def read_tsv_corpus(
       path: the TSV file.
       source_column: 0-based column of the source sentence.
       target_column: 0-based column of the target sentence.
+      alignment_path: optional gold word alignments, line ``k`` for line ``k`` of ``path`` (blank lines
+        included), as in :func:`read_plain_corpus`.
 
     Returns:
       The corpus; blank lines and pairs with an empty side are skipped and counted. A non-blank line with too
@@ -260,7 +310,9 @@ def read_tsv_corpus(
         if len(cols) < need:
             raise CorpusError(f"{path}:{lineno}: expected {need} tab-separated columns, found {len(cols)}")
         rows.append((cols[source_column], cols[target_column]))
-    return _collect(path, rows, with_alignments=False)
+    if alignment_path is not None:
+        rows = _with_alignments(rows, alignment_path, path)
+    return _collect(path, rows, with_alignments=alignment_path is not None)
 
 
 def _text(value) -> str:

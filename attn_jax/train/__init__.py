@@ -9,6 +9,7 @@ The step is the Flax examples' pure ``train_step(state, batch) -> (state, metric
 models, data and optax/orbax/ml_collections; models never import it.
 """
 
+from attn_jax.train._align import AlignmentSums, alignment_loss, alignment_loss_sums
 from attn_jax.train._average import (
     Averaged,
     AverageError,
@@ -106,6 +107,7 @@ __all__ = [
     "EventWriter",
     "Inputs",
     "LossSums",
+    "AlignmentSums",
     "MetricsLogger",
     "OptimizerConfig",
     "ProgressLine",
@@ -119,6 +121,8 @@ __all__ = [
     "WorkdirError",
     "all_finite",
     "apply_overrides",
+    "alignment_loss",
+    "alignment_loss_sums",
     "attention_stats",
     "batch_configs",
     "build_module",

@@ -18,6 +18,12 @@ NLL per token; ``async_checkpoints`` (True) — orbax writes in the background.
 ``label_smoothing`` (0.0) — ``ε`` of the training loss.
 ``lambda_coverage`` (0.0) — ``λ`` of the coverage loss ``Σ_j min(α_tj, c_tj)`` (See et al. 2017; OpenNMT-py's
 ``lambda_coverage``) added to the training loss and reported as ``coverage_loss``; needs ``model.coverage``.
+``lambda_align`` (0.0) — weight of the guided-alignment loss (Chen et al. 2016; Garg et al. 2019;
+:mod:`attn_jax.train._align`): the cross-entropy between each aligned target word's gold links (normalised to
+sum 1) and the attention weights the model returns (RNNsearch's attention, GNMT's, the Transformer's last
+decoder layer averaged over heads), averaged over the target words with at least one link and added to the
+per-token translation loss; 0: the term is not computed at all. Needs a model with attention, word-level
+vocabularies and gold alignments for the training split: the built-in corpus' own, or ``data.alignment_path``.
 ``mixed_precision`` (False) — bfloat16 compute; parameters and optimiser state stay float32.
 ``model.arch`` picks the model and with it the other ``model.*`` keys: the fields of its config class except the
 vocabulary sizes (taken from the built vocabularies) and the dtypes (``mixed_precision``). ``rnnsearch`` /
@@ -39,7 +45,9 @@ A config file for another architecture starts from ``default_config(arch)``.
 ``validation_size``, ``test_per_bucket``, ``seed``, ``min_length``, ``max_length`` of the generator) and
 ``data.use_tfds`` (read the TFDS-built dataset instead of generating the same pairs in memory);
 ``data.tfds_name``/``source_key``/``target_key``/``data_dir``; ``data.source_path``/``target_path`` (plain
-text, ``{split}`` replaced by the split name); ``data.tsv_path``. ``data.train_split``/``eval_split``
+text, ``{split}`` replaced by the split name); ``data.tsv_path``; ``data.alignment_path`` (plain or tsv only:
+a Pharaoh file ``i-j ...`` beside the text, one line per pair, ``{split}`` replaced as above; it gives the
+validation split gold-hit diagnostics, ``evaluate`` its AER, and ``lambda_align`` its supervision). ``data.train_split``/``eval_split``
 (``validation``; a file corpus without ``validation`` files reads its ``valid`` or ``dev`` ones, and says so;
 ``none`` or ``""``: no validation split, so no validation runs and the best checkpoint is the latest),
 ``data.max_train_examples``/``max_eval_examples`` (0: all), ``data.vocab`` (``word``: the paper's word shortlists;
@@ -197,6 +205,7 @@ def default_config(arch: str = "rnnsearch") -> ml_collections.ConfigDict:
     c.tensorboard = True
     c.label_smoothing = 0.0
     c.lambda_coverage = 0.0
+    c.lambda_align = 0.0
     c.mixed_precision = False
     c.model = model_defaults(arch)
     c.optimizer = ml_collections.ConfigDict(dataclasses.asdict(OptimizerConfig()))
@@ -221,6 +230,7 @@ def default_config(arch: str = "rnnsearch") -> ml_collections.ConfigDict:
             source_path="",
             target_path="",
             tsv_path="",
+            alignment_path="",
             train_split="train",
             eval_split="validation",
             max_train_examples=0,
@@ -536,6 +546,7 @@ def check_config(config: ml_collections.ConfigDict) -> None:
             f"lambda_coverage={config.lambda_coverage} needs model.coverage=True (the coverage loss trains the "
             "coverage model; OpenNMT-py's lambda_coverage likewise needs coverage_attn)"
         )
+    _check_alignment(config)
     d = config.data
     if d.corpus not in CORPORA:
         raise ConfigError(f"data.corpus must be one of {', '.join(CORPORA)}; got {d.corpus!r}")
@@ -564,6 +575,37 @@ def check_config(config: ml_collections.ConfigDict) -> None:
     optimizer_config(config)
     model_config(config, src_vocab=8, tgt_vocab=8)
     _check_parallel(config)
+
+
+def _check_alignment(config: ml_collections.ConfigDict) -> None:
+    """``lambda_align`` and ``data.alignment_path``: a weight >= 0, gold it can use, a model with attention."""
+    lam, d = config.lambda_align, config.data
+    if not (math.isfinite(lam) and lam >= 0.0):
+        raise ConfigError(f"lambda_align must be a finite number >= 0, got {lam}")
+    if d.alignment_path:
+        if d.corpus not in ("plain", "tsv"):
+            raise ConfigError(
+                f"data.alignment_path is for a plain or tsv corpus, not data.corpus={d.corpus!r}"
+                + (" (the built-in corpus has its own gold alignments)" if d.corpus == "synthetic" else "")
+            )
+        text = [d.source_path, d.target_path] if d.corpus == "plain" else [d.tsv_path]
+        if any("{split}" in p for p in text) and "{split}" not in d.alignment_path:
+            raise ConfigError(
+                f"data.alignment_path={d.alignment_path!r} needs {{split}} like the corpus paths, "
+                "one Pharaoh file per split"
+            )
+    if lam == 0.0:
+        return
+    if d.corpus in ("plain", "tsv") and not d.alignment_path:
+        raise ConfigError(
+            f"lambda_align={lam} needs gold alignments: set data.alignment_path to a Pharaoh file per {{split}}"
+        )
+    if d.vocab != "word":
+        raise ConfigError(
+            f"lambda_align={lam} needs data.vocab='word': gold alignments link words, not {d.vocab} pieces"
+        )
+    if config.model.arch == "rnnenc":
+        raise ConfigError(f"lambda_align={lam}: model.arch='rnnenc' has no attention to guide")
 
 
 # parallel.strategy part -> the mesh axis it splits over.

@@ -98,12 +98,14 @@ def _read_split(
         return corpus, 0
     else:
         split = resolve_corpus_split(d, split)
+        pattern = d.get("alignment_path", "")  # a run saved before the key existed has none
+        links = data.split_path(pattern, split) if pattern else None
         if d.corpus == "plain":
             corpus = data.read_plain_corpus(
-                data.split_path(d.source_path, split), data.split_path(d.target_path, split)
+                data.split_path(d.source_path, split), data.split_path(d.target_path, split), links
             )
         else:
-            corpus = data.read_tsv_corpus(data.split_path(d.tsv_path, split))
+            corpus = data.read_tsv_corpus(data.split_path(d.tsv_path, split), alignment_path=links)
     beyond = 0
     if max_examples and len(corpus) > max_examples:
         n, beyond = max_examples, len(corpus) - max_examples
@@ -337,8 +339,16 @@ def make_inputs(
         if save_vocab:
             data.save_vocabularies(vocab_dir, src_vocab, tgt_vocab)
     train_encoded = data.encode_corpus(train_corpus, src_vocab, tgt_vocab)
+    guided = config.lambda_align > 0  # training batches carry gold only for guided alignment: else unchanged
+    if guided and train_encoded.alignments is None:
+        raise data.CorpusError(
+            f"{train_corpus.name}: lambda_align={config.lambda_align} needs gold word alignments for training, and "
+            "this corpus has none (give a plain or tsv corpus data.alignment_path, a Pharaoh file per {split})"
+        )
     shard = dict(process_index=process_index, process_count=process_count)
-    train_it = data.make_batch_iterator(train_encoded, train_cfg, prefetch=d.prefetch, **shard)
+    train_it = data.make_batch_iterator(
+        train_encoded, train_cfg, prefetch=d.prefetch, with_gold=guided, **shard
+    )
     train_report = _split_report(
         train_split, d.train_split, train_corpus, train_encoded, train_cfg, train_beyond
     )

@@ -177,7 +177,8 @@ def evaluate(
 
     Returns ``loss`` (the training objective per token, label-smoothed if the config smooths),
     ``nll_per_token``, ``ppl`` = exp(``nll_per_token``), ``nll_per_sentence``, ``tokens``, ``sentences`` and,
-    for a model with attention, the diagnostics of :mod:`attn_jax.train._diagnostics`. ``step(params, batch)``
+    for a model with attention, the diagnostics of :mod:`attn_jax.train._diagnostics`, and ``align_loss`` (the
+    guided-alignment loss per supervised word) with ``lambda_align > 0`` on gold batches. ``step(params, batch)``
     replaces :func:`eval_step` (e.g. one jitted for a mesh; its metrics must be fully replicated).
     """
     if step is None:
@@ -186,7 +187,7 @@ def evaluate(
             return eval_step(params, batch, config)
 
     loss: dict[str, float] | None = None
-    attn = None
+    attn = align = None
     for batch in batches:
         m = jax.device_get(step(params, batch))
         step_loss = _sum(m.loss, m.coverage)
@@ -198,11 +199,16 @@ def evaluate(
                 if attn is None
                 else type(a)(*(np.float64(x) + np.float64(y) for x, y in zip(attn, a, strict=True)))
             )
+        if getattr(m, "align", None) is not None:
+            a = [np.float64(x) for x in m.align]
+            align = a if align is None else [x + y for x, y in zip(align, a, strict=True)]
     if loss is None:
         raise ValueError("no validation batches")
     out = _loss_record(loss)
     if attn is not None:
         out.update(summarize_attention(attn))
+    if align is not None:
+        out["align_loss"] = float(align[0] / max(align[1], 1.0))
     return out
 
 
@@ -235,14 +241,18 @@ class _Window:
     def reset(self):
         self.sums = {"loss": 0.0, "nll": 0.0, "tokens": 0.0, "sentences": 0.0}
         self.grad_norm = 0.0
+        self.align = None  # [Σ alignment loss, supervised words] with lambda_align > 0
         self.steps = 0
         self.timed_tokens = 0.0
         self.timed_seconds = 0.0
         self.timed_steps = 0
 
-    def add(self, loss: dict[str, float], grad_norm: float, seconds: float | None):
+    def add(self, loss: dict[str, float], grad_norm: float, seconds: float | None, align=None):
         for k in loss:
             self.sums[k] = self.sums.get(k, 0.0) + loss[k]
+        if align is not None:
+            a = [float(np.asarray(x, np.float64)) for x in align]
+            self.align = a if self.align is None else [x + y for x, y in zip(self.align, a, strict=True)]
         self.grad_norm += grad_norm
         self.steps += 1
         if seconds is not None:
@@ -266,6 +276,8 @@ class _Window:
             tokens_per_s=self.tokens_per_s,
             epoch=epoch,
         )
+        if self.align is not None:
+            out["align_loss"] = self.align[0] / max(self.align[1], 1.0)
         return out
 
 
@@ -285,6 +297,8 @@ def _validation_line(step: int, v: dict) -> str:
         )
         if "attn_gold_hit" in v:
             line += f", gold hit {v['attn_gold_hit']:.3f}"
+    if "align_loss" in v:
+        line += f" | align {v['align_loss']:.4f}"
     return line
 
 
@@ -586,6 +600,7 @@ def train_and_evaluate(
             optimizer=optimizer_config(config),
             label_smoothing=config.label_smoothing,
             lambda_coverage=config.lambda_coverage,
+            lambda_align=config.lambda_align,
         )
         place.bind(step_cfg)
         config_dict = json.loads(config.to_json())
@@ -707,7 +722,7 @@ def _train(config, config_dict, place, inputs, ckpt, logger, latest) -> TrainRes
         loss, grad_norm = _sum(m.loss, m.coverage), float(m.grad_norm)
         if not (math.isfinite(loss["loss"]) and math.isfinite(grad_norm)):
             raise _diverged(f"loss {loss['loss']}, gradient norm {grad_norm}", step, ckpt)
-        window.add(loss, grad_norm, None if step == start + 1 else time.monotonic() - tic)
+        window.add(loss, grad_norm, None if step == start + 1 else time.monotonic() - tic, m.align)
         if step == start + 1:  # the silent stretch before the first progress line is mostly this compilation
             shapes = len(inputs.train.plan.shapes)
             logger.log(
@@ -727,7 +742,8 @@ def _train(config, config_dict, place, inputs, ckpt, logger, latest) -> TrainRes
             logger.log(
                 f"step {step}/{total}: loss {last_train['loss']:.4f} | ppl {last_train['ppl']:.2f} | "
                 f"nll/sentence {last_train['nll_per_sentence']:.2f} | |g| {last_train['grad_norm']:.3f} | "
-                f"{last_train['tokens_per_s']:,.0f} tok/s | ETA {format_duration(eta)}"
+                + (f"align {last_train['align_loss']:.4f} | " if "align_loss" in last_train else "")
+                + f"{last_train['tokens_per_s']:,.0f} tok/s | ETA {format_duration(eta)}"
             )
             window.reset()
 

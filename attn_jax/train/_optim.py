@@ -84,7 +84,9 @@ class OptimizerConfig:
                 raise ValueError(f"optimizer.{field} must be an int >= 0, got {value!r}")
         if not 0.0 <= self.final_lr_fraction <= 1.0:
             raise ValueError(f"optimizer.final_lr_fraction must be in [0, 1], got {self.final_lr_fraction!r}")
-        if self.decay in ("cosine", "linear") and self.decay_steps <= max(self.warmup_steps, self.decay_start):
+        if self.decay in ("cosine", "linear") and self.decay_steps <= max(
+            self.warmup_steps, self.decay_start
+        ):
             raise ValueError(
                 f"optimizer.decay={self.decay!r} needs decay_steps > warmup_steps and > decay_start, "
                 f"got decay_steps={self.decay_steps}, warmup_steps={self.warmup_steps}, "
@@ -109,7 +111,9 @@ def make_schedule(config: OptimizerConfig) -> optax.Schedule:
     if config.decay == "constant":
         decay = optax.constant_schedule(lr)
     elif config.decay == "cosine":
-        decay = optax.cosine_decay_schedule(lr, config.decay_steps - warm - hold, alpha=config.final_lr_fraction)
+        decay = optax.cosine_decay_schedule(
+            lr, config.decay_steps - warm - hold, alpha=config.final_lr_fraction
+        )
     elif config.decay == "linear":
         decay = optax.linear_schedule(lr, lr * config.final_lr_fraction, config.decay_steps - warm - hold)
     else:

@@ -22,6 +22,7 @@ from flax import nnx
 
 from attn_jax.data import Batch
 from attn_jax.models import ModelConfig, build_model
+from attn_jax.train._align import AlignmentSums, alignment_loss_sums
 from attn_jax.train._coverage import coverage_loss
 from attn_jax.train._diagnostics import AttentionStats, attention_stats
 from attn_jax.train._loss import LossSums, loss_sums
@@ -53,12 +54,15 @@ class StepConfig:
       label_smoothing: ``ε`` of the training loss (validation reports it too, and always the plain NLL).
       lambda_coverage: ``λ`` of the coverage loss (See et al. 2017) added to the token-level loss sum; 0 adds
         nothing and computes nothing.
+      lambda_align: weight of the guided-alignment loss (:mod:`attn_jax.train._align`); needs batches with
+        ``gold``. At 0 the term is not part of the compiled step.
     """
 
     model: ModelConfig
     optimizer: OptimizerConfig = OptimizerConfig()
     label_smoothing: float = 0.0
     lambda_coverage: float = 0.0
+    lambda_align: float = 0.0
 
 
 @flax.struct.dataclass
@@ -81,21 +85,25 @@ class TrainState:
 
 class TrainMetrics(NamedTuple):
     """What one train step reports (float32 scalars; loss sums as :class:`LossSums`, whose ``loss`` includes
-    ``λ ·`` the coverage loss; ``coverage``: its unweighted sum when ``lambda_coverage > 0``, else ``None``)."""
+    ``λ ·`` the coverage loss; ``coverage``: its unweighted sum when ``lambda_coverage > 0``, else ``None``;
+    ``align`` only with ``lambda_align > 0``)."""
 
     loss: LossSums
     grad_norm: Float[Array, ""]
     learning_rate: Float[Array, ""]
     coverage: Float[Array, ""] | None = None
+    align: AlignmentSums | None = None
 
 
 class EvalMetrics(NamedTuple):
-    """What one eval step reports: loss sums, attention statistics (``None`` for a model without attention) and
-    the coverage-loss sum (``None`` unless ``lambda_coverage > 0``)."""
+    """What one eval step reports: loss sums, attention statistics (``None`` for a model without attention),
+    the coverage-loss sum (``None`` unless ``lambda_coverage > 0``) and the guided-alignment sums (only with
+    ``lambda_align > 0`` and gold alignments in the batch)."""
 
     loss: LossSums
     attention: AttentionStats | None
     coverage: Float[Array, ""] | None = None
+    align: AlignmentSums | None = None
 
 
 @functools.lru_cache(maxsize=32)
@@ -165,7 +173,8 @@ def train_step(state: TrainState, batch: Batch, config: StepConfig) -> tuple[Tra
     """One update on ``batch``: token-level loss, gradients, the optimiser; ``state``'s buffers are donated.
 
     The objective is ``Σ loss / Σ tokens`` over the batch's real target tokens (:func:`loss_sums`, plus
-    ``λ ·`` the coverage loss when ``config.lambda_coverage > 0``).
+    ``λ ·`` the coverage loss when ``config.lambda_coverage > 0``), plus ``lambda_align`` times the
+    guided-alignment loss over the supervised target words when that weight is > 0.
     Bind the config to get the ``train_step(state, batch) -> (state, metrics)`` of the Flax examples:
     ``step = functools.partial(train_step, config=cfg)``.
     """
@@ -177,10 +186,20 @@ def train_step(state: TrainState, batch: Batch, config: StepConfig) -> tuple[Tra
         dropout_rng = jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step)
 
     def objective(params):
-        sums, coverage, _, _, _ = _forward(config, params, batch, dropout_rng)
-        return sums.loss / jnp.maximum(sums.tokens, 1.0), (sums, coverage)
+        sums, coverage, weights, src_mask, tgt_mask = _forward(config, params, batch, dropout_rng)
+        value = sums.loss / jnp.maximum(sums.tokens, 1.0)
+        if config.lambda_align == 0.0:  # not in the graph at all: the default run computes exactly as before
+            return value, (sums, coverage, None)
+        if weights is None or batch.gold is None:
+            raise ValueError(
+                "lambda_align > 0 needs a model that returns attention weights and batches with gold alignments "
+                f"(weights: {'none' if weights is None else 'yes'}, batch.gold: {batch.gold is not None})"
+            )
+        align = alignment_loss_sums(weights, batch.gold, src_mask, tgt_mask)
+        value = value + config.lambda_align * align.loss / jnp.maximum(align.rows, 1.0)
+        return value, (sums, coverage, align)
 
-    (_, (sums, coverage)), grads = jax.value_and_grad(objective, has_aux=True)(state.params)
+    (_, (sums, coverage, align)), grads = jax.value_and_grad(objective, has_aux=True)(state.params)
     tx = make_optimizer(config.optimizer)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
@@ -189,6 +208,7 @@ def train_step(state: TrainState, batch: Batch, config: StepConfig) -> tuple[Tra
         grad_norm=optax.tree.norm(grads),
         learning_rate=jnp.asarray(make_schedule(config.optimizer)(state.step), jnp.float32),
         coverage=coverage,
+        align=align,
     )
     return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics
 
@@ -197,11 +217,15 @@ def train_step(state: TrainState, batch: Batch, config: StepConfig) -> tuple[Tra
 def eval_step(params: dict, batch: Batch, config: StepConfig) -> EvalMetrics:
     """Loss sums and attention statistics of ``batch`` under ``params`` (teacher forcing, no update).
 
-    ``batch.gold`` (when present) adds the gold-alignment diagnostics.
+    ``batch.gold`` (when present) adds the gold-alignment diagnostics, and with ``lambda_align > 0`` the
+    guided-alignment loss.
     """
     sums, coverage, weights, src_mask, tgt_mask = _forward(config, params, batch)
     stats = None if weights is None else attention_stats(weights, src_mask, tgt_mask, batch.gold)
-    return EvalMetrics(loss=sums, attention=stats, coverage=coverage)
+    align = None
+    if config.lambda_align > 0 and weights is not None and batch.gold is not None:
+        align = alignment_loss_sums(weights, batch.gold, src_mask, tgt_mask)
+    return EvalMetrics(loss=sums, attention=stats, coverage=coverage, align=align)
 
 
 @jax.jit
