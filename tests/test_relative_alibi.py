@@ -163,6 +163,7 @@ def test_relative_attention_gradients_match_float64_reference(rng):
         assert abs(fd) > 1e-2  # the direction actually moves the output
 
 
+@pytest.mark.numerics
 def test_relative_step_equals_teacher_forcing(rng):
     """One query at position t over keys 0..S-1 reads teacher forcing's row t (the cached decoder's case)."""
     q, k, v, rel_k, rel_v, mask = (jnp.asarray(x, jnp.float32) for x in _inputs(rng))

@@ -67,8 +67,9 @@ def table(results: list[dict], positions: list[str]) -> str:
         values = [v for v in values if v is not None]
         if not values:
             return "–"
-        sd = statistics.stdev(values) if len(values) > 1 else float("nan")
-        return f"{statistics.mean(values):.1f} ± {sd:.1f} ({len(values)})"
+        if len(values) == 1:
+            return f"{values[0]:.1f} (1 seed)"
+        return f"{statistics.mean(values):.1f} ± {statistics.stdev(values):.1f} ({len(values)})"
 
     for bucket in [*buckets, "all"]:
         row = [bucket]
