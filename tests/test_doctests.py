@@ -11,6 +11,8 @@ MODULES = [
     "attn_jax.attention._dot_product",
     "attn_jax.attention._multihead",
     "attn_jax.attention._positional",
+    "attn_jax.attention._alibi",
+    "attn_jax.attention._relative",
     "attn_jax.attention._additive",
     "attn_jax.attention._luong",
     "attn_jax.attention._local",

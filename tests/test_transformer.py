@@ -53,6 +53,11 @@ VARIANTS = {
     "post-sinusoidal-untied": dict(norm="post", positions="sinusoidal", share_embeddings="none"),
     "pre-learned-tied": dict(norm="pre", positions="learned", share_embeddings="decoder"),
     "pre-rope-shared": dict(norm="pre", positions="rope", share_embeddings="all"),
+    # Press et al. 2022 and Shaw et al. 2018; k = 2 < T - 1 so the clipping is exercised
+    "post-alibi-tied": dict(norm="post", positions="alibi", share_embeddings="decoder"),
+    "pre-relative-untied": dict(
+        norm="pre", positions="relative", share_embeddings="none", max_relative_positions=2
+    ),
 }
 
 
@@ -77,7 +82,7 @@ def _random_leaf(path, shape, rng):
         return 0.3 * rng.standard_normal(shape)
     if name in ("src_embed", "tgt_embed"):
         return rng.standard_normal(shape) / np.sqrt(shape[-1])
-    if name in ("src_positions", "tgt_positions"):
+    if name in ("src_positions", "tgt_positions") or parent == "relative":
         return 0.5 * rng.standard_normal(shape)
     if name == "kernel" and parent == "out":  # multi-head output [L, H, K, D]
         fan_in = shape[-3] * shape[-2]
@@ -232,7 +237,8 @@ def test_presets():
         ("encoder_layers", 0, "encoder_layers must be a positive int"),
         ("dropout", 1.0, r"dropout must be a number in \[0, 1\)"),
         ("norm", "sandwich", "norm must be one of pre, post"),
-        ("positions", "alibi", "positions must be one of"),
+        ("positions", "absolute", "positions must be one of"),
+        ("max_relative_positions", 0, "max_relative_positions must be a positive int"),
         ("share_embeddings", "encoder", "share_embeddings must be one of"),
         ("dtype", "int8", "dtype must be one of"),
         ("arch", "rnnsearch", "arch must be 'transformer'"),
@@ -564,8 +570,9 @@ def test_dropout_masks_and_scaling(key):
 
 
 @pytest.mark.slow  # two beam-search compilations: ~20 s of CPU
-def test_beam_search_works_unchanged_and_beam_one_is_greedy():
-    compiled, batch, _, _ = variant("pre-rope-shared")
+@pytest.mark.parametrize("name", ["pre-rope-shared", "post-alibi-tied", "pre-relative-untied"])
+def test_beam_search_works_unchanged_and_beam_one_is_greedy(name):
+    compiled, batch, _, _ = variant(name)
     model = nnx.merge(compiled.graphdef, compiled.state)
     src, mask, _ = batch
     length = T  # <= the cache (max_length 9); T reuses the compiled teacher-forced program

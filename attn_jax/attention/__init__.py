@@ -12,6 +12,7 @@ from attn_jax.attention._additive import (
     init_additive_params,
     project_keys,
 )
+from attn_jax.attention._alibi import alibi_bias, alibi_slopes
 from attn_jax.attention._chunked import chunked_dot_product_attention
 from attn_jax.attention._dot_product import (
     dot_product_attention,
@@ -66,6 +67,11 @@ from attn_jax.attention._positional import (
     learned_positions,
     rotary_embedding,
     sinusoidal_positions,
+)
+from attn_jax.attention._relative import (
+    init_relative_embeddings,
+    relative_attention,
+    relative_position_index,
 )
 from attn_jax.attention._softmax import (
     assert_valid_attention_weights,
@@ -124,6 +130,12 @@ __all__ = [
     "learned_positions",
     "rotary_embedding",
     "sinusoidal_positions",
+    # relative positions (Shaw et al.) and ALiBi (Press et al.)
+    "alibi_bias",
+    "alibi_slopes",
+    "init_relative_embeddings",
+    "relative_attention",
+    "relative_position_index",
     # softmax and the source-axis check
     "assert_valid_attention_weights",
     "attend",

@@ -19,7 +19,15 @@ Choices where the paper is silent or this code departs from it:
   every code path, so teacher forcing and cached decoding add identical vectors), ``learned`` (one table per side,
   ``N(0, 0.02²)``, ``max_length`` rows) or ``rope`` (RoFormer's rotary embedding on the queries and keys of
   both **self**-attentions, nothing added to the embeddings; cross-attention gets no rotation, source and
-  target positions being incomparable).
+  target positions being incomparable), ``alibi`` (Press et al. 2022: nothing added to the embeddings; each
+  head ``h`` of both **self**-attentions adds ``-m_h·|i - j|`` to its scaled logits, ``m_h`` the paper's
+  geometric slopes; symmetric in the encoder, where the paper's causal ``i - j`` has no side to choose) or
+  ``relative`` (Shaw et al. 2018: nothing added to the embeddings; every **self**-attention layer learns key
+  and value vectors ``a^K, a^V`` for the clipped distance ``clip(j - i, ±max_relative_positions)``, shared by
+  its heads: ``e_ij = q_i(k_j + a^K_ij)ᵀ/√K``, ``z_i = Σ_j α_ij(v_j + a^V_ij)``). Cross-attention gets neither,
+  as in both papers (Press et al. apply ALiBi to self-attention only; Shaw et al. to self-attention only):
+  source and target positions are incomparable. All three relative kinds compute the bias/rotation from integer
+  positions, so a cached decoding step at position ``t`` uses exactly teacher forcing's values for ``t``.
 * Initialisation: embeddings with standard deviation ``d^{-1/2}`` (fairseq/tensor2tensor, so ``E·√d`` has
   unit scale and a tied softmax gives O(1) logits); attention kernels from ``init_multi_head_params`` (LeCun
   normal); FFN and untied output kernels LeCun normal (Flax's ``Dense`` default). These normals are truncated
@@ -61,6 +69,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from attn_jax.attention._alibi import alibi_bias, alibi_slopes
 from attn_jax.attention._dot_product import dot_product_attention
 from attn_jax.attention._masks import key_padding_mask, make_causal_mask, make_padding_mask
 from attn_jax.attention._multihead import init_multi_head_params, project_heads, project_output
@@ -70,6 +79,11 @@ from attn_jax.attention._positional import (
     learned_positions,
     rotary_embedding,
     sinusoidal_positions,
+)
+from attn_jax.attention._relative import (
+    init_relative_embeddings,
+    relative_attention,
+    relative_position_index,
 )
 from attn_jax.models.interface import EncoderOutput, check_source, check_tokens
 from attn_jax.models.presets import canonicalize_dtypes
@@ -89,10 +103,10 @@ __all__ = [
 ]
 
 Norm = Literal["pre", "post"]
-Positions = Literal["sinusoidal", "learned", "rope"]
+Positions = Literal["sinusoidal", "learned", "rope", "alibi", "relative"]
 Sharing = Literal["none", "decoder", "all"]
 NORMS: tuple[str, ...] = ("pre", "post")
-POSITIONS: tuple[str, ...] = ("sinusoidal", "learned", "rope")
+POSITIONS: tuple[str, ...] = ("sinusoidal", "learned", "rope", "alibi", "relative")
 SHARINGS: tuple[str, ...] = ("none", "decoder", "all")
 _LN_EPS = 1e-6
 _QKV = ("query", "key", "value")
@@ -120,9 +134,13 @@ class TransformerConfig:
       dropout: ``P_drop`` on embeddings and sub-layer outputs, in ``[0, 1)`` (paper: 0.1).
       norm: ``"post"`` (the paper: LayerNorm after each residual add) or ``"pre"`` (before each sub-layer,
         plus a final LayerNorm per stack; trains without warm-up tricks).
-      positions: ``"sinusoidal"`` (the paper), ``"learned"`` or ``"rope"`` (see the module docstring).
+      positions: ``"sinusoidal"`` (the paper), ``"learned"``, ``"rope"``, ``"alibi"`` or ``"relative"`` (see
+        the module docstring).
       max_length: longest target sequence the decoder's cache holds by default, and with learned positions the
         rows of each position table (the longest source and target).
+      max_relative_positions: ``k``, the clipping distance of ``"relative"`` positions (Shaw et al. 2018 used
+        16; OpenNMT-py's ``max_relative_positions``): each self-attention learns ``2k + 1`` key and value
+        vectors per layer. Ignored by the other position kinds.
       normalizer: what turns every attention's logits (encoder self-, decoder self- and cross-attention, all
         heads) into weights: ``"softmax"`` (the paper), ``"sparsemax"`` (Martins & Astudillo 2016) or
         ``"entmax15"`` (1.5-entmax, Peters et al. 2019; Correia et al. 2019 use it in Transformers), which can
@@ -148,6 +166,7 @@ class TransformerConfig:
     norm: Norm = "post"
     positions: Positions = "sinusoidal"
     max_length: int = 256
+    max_relative_positions: int = 16
     share_embeddings: Sharing = "decoder"
     normalizer: str = "softmax"
     param_dtype: str = "float32"
@@ -163,6 +182,7 @@ class TransformerConfig:
             "encoder_layers",
             "decoder_layers",
             "max_length",
+            "max_relative_positions",
         ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
@@ -193,6 +213,11 @@ class TransformerConfig:
         if self.normalizer not in NORMALIZERS:
             raise ValueError(
                 f"transformer config: normalizer must be one of {', '.join(NORMALIZERS)}; got {self.normalizer!r}"
+            )
+        if self.positions == "relative" and self.normalizer != "softmax":
+            raise ValueError(
+                f"transformer config: relative positions take the softmax only (attn_jax.relative_attention has no "
+                f"normalizer); got normalizer {self.normalizer!r}"
             )
         if self.positions == "sinusoidal" and self.d_model % 2:
             raise ValueError(
@@ -342,33 +367,66 @@ def _attend_heads(
     k: Float[Array, "B G S K"],
     v: Float[Array, "B G S K"],
     mask: Bool[Array, "..."],
+    positional: _Relative | Float[Array, "..."] | None = None,
     normalizer: str = "softmax",
 ) -> tuple[Float[Array, "B T D"], Float[Array, "B H T S"]]:
     """Scaled dot-product attention per head, then ``Concat(heads) W^O``: ``(out, weights)``.
 
     ``G < H`` key/value heads: grouped-query attention, each shared by ``H / G`` query heads (never repeated).
+    ``positional``: an ALiBi bias ``[..., H, T, S]`` added to the logits, or Shaw et al.'s tables and index.
     """
     groups = k.shape[-3]
-    ctx, weights = dot_product_attention(
-        q,
-        k,
-        v,
-        mask,
-        return_weights=True,
-        num_kv_heads=None if groups == q.shape[-3] else groups,
-        normalizer=normalizer,
-    )
+    kv_heads = None if groups == q.shape[-3] else groups
+    if isinstance(positional, _Relative):
+        ctx, weights = relative_attention(
+            q, k, v, mask, positional.keys, positional.values, positional.index, num_kv_heads=kv_heads
+        )
+    else:
+        ctx, weights = dot_product_attention(
+            q,
+            k,
+            v,
+            mask,
+            bias=positional,
+            return_weights=True,
+            num_kv_heads=kv_heads,
+            normalizer=normalizer,
+        )
     return project_output(p_out, ctx), weights
 
 
+class _Relative(NamedTuple):
+    """One self-attention layer's relative tables ``[2k + 1, K]`` and the rows index ``[..., T, S]``."""
+
+    keys: Array
+    values: Array
+    index: Array
+
+
+def _positional(c: TransformerConfig, p_layer: dict, query_positions, key_positions):
+    """A self-attention's ALiBi bias, relative tables + index, or None for the other position kinds."""
+    if c.positions == "alibi":
+        return alibi_bias(alibi_slopes(c.heads), query_positions, key_positions)
+    if c.positions == "relative":
+        index = relative_position_index(query_positions, key_positions, c.max_relative_positions)
+        return _Relative(p_layer["keys"], p_layer["values"], index)
+    return None
+
+
 def _self_attention(
-    p: dict, x: Float[Array, "B T D"], mask: Bool[Array, "..."], rope: bool, normalizer: str = "softmax"
+    p: dict,
+    x: Float[Array, "B T D"],
+    mask: Bool[Array, "..."],
+    rope: bool,
+    positional=None,
+    normalizer: str = "softmax",
 ) -> tuple[Float[Array, "B T D"], Float[Array, "B H T T"]]:
-    """Multi-head self-attention over all positions of ``x`` (RoPE on queries and keys when ``rope``)."""
+    """Multi-head self-attention over all positions of ``x`` (RoPE on queries and keys when ``rope``; an ALiBi
+    bias or relative tables in ``positional``)."""
     q, k, v = (project_heads(p[n], x) for n in _QKV)  # [B, H, T, K], [B, G, T, K], [B, G, T, K]
     if rope:
         q, k = rotary_embedding(q), rotary_embedding(k)
-    return _attend_heads(p["out"], q, k, v, mask, normalizer)
+    return _attend_heads(p["out"], q, k, v, mask, positional, normalizer)
 
 
 def _sublayer(norm: str, p_norm: dict, x, fn, dtype, rate: float, keep):
@@ -494,12 +552,14 @@ class Transformer(nnx.Module):
         x = self._embed(table, positions, src, pos, _mask(keep, 0))  # [B, S, D] float32
         mask = key_padding_mask(src_mask)[:, None]  # [B, 1, 1, S]: padded keys hidden from every head
         rope = c.positions == "rope"
+        src_pos = jnp.arange(src.shape[1])
 
         def layer(x, xs):
             p, keep = xs  # keep: [2, B, S, D] or None
+            positional = _positional(c, p.get("relative"), src_pos, src_pos)
 
             def attention(h):
-                return _self_attention(p["attention"], h, mask, rope, c.normalizer)[0], None
+                return _self_attention(p["attention"], h, mask, rope, positional, c.normalizer)[0], None
 
             def ffn(h):
                 return _ffn(p["ffn"], h), None
@@ -546,12 +606,15 @@ class Transformer(nnx.Module):
         causal = make_causal_mask(t)  # [T, T], broadcast over batch and heads
         cross_mask = key_padding_mask(enc.mask)[:, None]  # [B, 1, 1, S]
         rope = c.positions == "rope"
-
-        def self_attention(p, h):
-            return _self_attention(p, h, causal, rope, c.normalizer)
+        tgt_pos = jnp.arange(t)
 
         def layer(y, xs):
             p, kv, keep = xs  # keep: [3, B, T, D] or None
+            positional = _positional(c, p.get("relative"), tgt_pos, tgt_pos)
+
+            def self_attention(pa, h):
+                return _self_attention(pa, h, causal, rope, positional, c.normalizer)
+
             y, w = _decoder_layer(c, p, y, self_attention, kv, cross_mask, dtype, keep)
             return y, ((w, y) if collect else jnp.mean(w, axis=1))  # heads averaged: [B, T, S]
 
@@ -608,6 +671,8 @@ class Transformer(nnx.Module):
 
         def layer(y, xs):
             p, kv, cache_k, cache_v = xs  # cache: [B, G, C, K]
+            # query position t over cache slots 0..C-1: teacher forcing's row t (masked slots get weight 0)
+            positional = _positional(c, p.get("relative"), pos[:, None], jnp.arange(capacity)[None, :])
 
             def self_attention(pa, h):
                 q, k, v = (project_heads(pa[n], h) for n in _QKV)  # [B, H, 1, K], [B, G, 1, K], [B, G, 1, K]
@@ -615,7 +680,7 @@ class Transformer(nnx.Module):
                     q = rotary_embedding(q, pos[:, None, None])
                     k = rotary_embedding(k, pos[:, None, None])
                 cache_k2, cache_v2 = jnp.where(slot, k, cache_k), jnp.where(slot, v, cache_v)
-                out, w = _attend_heads(pa["out"], q, cache_k2, cache_v2, visible, c.normalizer)
+                out, w = _attend_heads(pa["out"], q, cache_k2, cache_v2, visible, positional, c.normalizer)
                 return (out, (cache_k2, cache_v2)), w
 
             y, w, cache = _decoder_layer(c, p, y, self_attention, kv, cross_mask, dtype, None, with_aux=True)
@@ -698,7 +763,9 @@ def _decoder_layer(c: TransformerConfig, p, y, self_attention, kv, cross_mask, d
 
     def ca(h):
         q = project_heads(p["cross_attention"]["query"], h)  # [B, H, T, K]
-        return _attend_heads(p["cross_attention"]["out"], q, kv[:, 0], kv[:, 1], cross_mask, c.normalizer)
+        return _attend_heads(
+            p["cross_attention"]["out"], q, kv[:, 0], kv[:, 1], cross_mask, normalizer=c.normalizer
+        )
 
     y, aux = _sublayer(c.norm, p["self_attention_norm"], y, sa, dtype, c.dropout, _mask(keep, 0))
     y, weights = _sublayer(c.norm, p["cross_attention_norm"], y, ca, dtype, c.dropout, _mask(keep, 1))
@@ -739,6 +806,7 @@ _STACK_NAMES = _stacked_names(
         "cross_attention_norm": _NORM_NAMES,
         "ffn": _FFN_NAMES,
         "ffn_norm": _NORM_NAMES,
+        "relative": {"keys": (None, "kv"), "values": (None, "kv")},
     }
 )
 
@@ -755,7 +823,7 @@ def _norm_params(c: TransformerConfig, *lead: int) -> dict:
 
 
 def _init_params(key, c: TransformerConfig) -> dict:
-    """Every parameter as plain arrays, from two random draws (three with learned positions).
+    """Every parameter as plain arrays, from two random draws (three with learned or relative positions).
 
     Attention: ``init_multi_head_params`` (LeCun normal) for all ``L_enc + 2·L_dec`` attentions at once.
     Everything else comes from one flat truncated-normal draw (±2σ, σ corrected for the cut), split and scaled:
@@ -829,4 +897,11 @@ def _init_params(key, c: TransformerConfig) -> dict:
             jax.random.split(k_pos, 2)
         )
         params["src_positions"], params["tgt_positions"] = tables[0], tables[1]
+    if c.positions == "relative":
+        # Shaw et al.'s a^K and a^V for every self-attention layer: [L_enc + L_dec, 2, 2k + 1, K]
+        tables = jax.vmap(
+            lambda k: init_relative_embeddings(k, c.max_relative_positions, c.head_dim, dtype=pd)
+        )(jax.random.split(k_pos, 2 * (n_enc + n_dec))).reshape(n_enc + n_dec, 2, -1, c.head_dim)
+        params["encoder"]["relative"] = {"keys": tables[:n_enc, 0], "values": tables[:n_enc, 1]}
+        params["decoder"]["relative"] = {"keys": tables[n_enc:, 0], "values": tables[n_enc:, 1]}
     return params

@@ -34,8 +34,10 @@ an additive scorer: the accumulated attention feeds the scorer, Tu et al. 2016 /
 ``encoder_layers``, ``decoder_layers``, ``residual_start``, ``attention``, ``align``, ``pipeline_stages``;
 ``transformer`` (:class:`attn_jax.models.TransformerConfig`): ``d_model``, ``heads``, ``d_ff``, ``encoder_layers``,
 ``decoder_layers``, ``dropout``, ``norm``, ``positions``, ``max_length``, ``share_embeddings``.
-``transformer`` also takes ``num_kv_heads`` (grouped-query attention; 0 = ``heads``) and ``normalizer``
-(``softmax``, ``sparsemax`` or ``entmax15``, in every attention of both stacks). Your own model:
+``transformer`` also takes ``num_kv_heads`` (grouped-query attention; 0 = ``heads``), ``normalizer``
+(``softmax``, ``sparsemax`` or ``entmax15``, in every attention of both stacks); ``positions`` is
+``sinusoidal``, ``learned``, ``rope``, ``alibi`` (Press et al. 2022) or ``relative`` (Shaw et al. 2018, clipped at
+``max_relative_positions``, default 16; softmax only). Your own model:
 ``model.arch = "module:Class"`` names a frozen dataclass with ``src_vocab``/``tgt_vocab`` fields and a
 ``build(*, rngs)`` method (:func:`model_class`); its other fields are the ``model.*`` keys.
 A config file for another architecture starts from ``default_config(arch)``.

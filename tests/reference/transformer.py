@@ -12,6 +12,7 @@ import numpy as np
 
 from tests.reference.core import softmax_row_ref
 from tests.reference.normalizers import ROW_REFS
+from tests.reference.positions import alibi_slopes_ref, relative_index_ref
 
 LN_EPS = 1e-6
 
@@ -61,19 +62,22 @@ def rope_vec_ref(x, pos, base=10000.0):
     return y
 
 
-def mha_ref(p, xq, xkv, allowed, rope=False, normalizer="softmax"):
+def mha_ref(p, xq, xkv, allowed, rope=False, normalizer="softmax", alibi=False, relative=None):
     """Multi-head attention with explicit loops: ``(out [Tq, D], weights [H, Tq, Tk])``.
 
     ``head_h = softmax(q_h k_hᵀ / √K) v_h`` for each head ``h`` alone (RoPE on ``q_h``/``k_h`` at their
     positions when ``rope``), then ``Σ_h head_h W^O_h + b^O`` — the concatenation times ``W^O``, written as a sum
     over the heads' row blocks. ``allowed(i, j)`` says whether query ``i`` may attend key ``j``; ``normalizer``
-    replaces the softmax by sparsemax or 1.5-entmax over the allowed keys.
+    replaces the softmax by sparsemax or 1.5-entmax over the allowed keys. ``alibi``:
+    add ``-m_h·|i - j|`` to head ``h``'s logits (Press et al. 2022); ``relative``: ``(a^K, a^V, k)``, Shaw et
+    al. 2018's ``q_i·(k_j + a^K_ij)/√K`` and ``Σ_j α_ij (v_j + a^V_ij)`` with ``ij`` the clipped distance's row.
     """
     row_ref = softmax_row_ref if normalizer == "softmax" else ROW_REFS[normalizer]
     _, h_count, k_width = p["query"]["kernel"].shape
     tq, tk = len(xq), len(xkv)
     out = np.zeros((tq, p["out"]["kernel"].shape[-1]))
     weights = np.zeros((h_count, tq, tk))
+    slopes = alibi_slopes_ref(h_count) if alibi else None
     for h in range(h_count):
 
         def proj(name, x, h=h):
@@ -86,9 +90,18 @@ def mha_ref(p, xq, xkv, allowed, rope=False, normalizer="softmax"):
             q = [rope_vec_ref(q[i], i) for i in range(tq)]
             k = [rope_vec_ref(k[j], j) for j in range(tk)]
         for i in range(tq):
-            energies = [float(np.dot(q[i], k[j])) / math.sqrt(k_width) for j in range(tk)]
+            if relative is None:
+                keys, values = k, v
+            else:
+                rel_k, rel_v, dist = relative
+                rows = [relative_index_ref(i, j, dist) for j in range(tk)]
+                keys = [k[j] + rel_k[rows[j]] for j in range(tk)]
+                values = [v[j] + rel_v[rows[j]] for j in range(tk)]
+            energies = [float(np.dot(q[i], keys[j])) / math.sqrt(k_width) for j in range(tk)]
+            if alibi:
+                energies = [e - slopes[h] * abs(i - j) for j, e in enumerate(energies)]
             w = row_ref(np.asarray(energies), [allowed(i, j) for j in range(tk)])
-            context = sum((w[j] * v[j] for j in range(tk)), np.zeros(v[0].shape))
+            context = sum((w[j] * values[j] for j in range(tk)), np.zeros(v[0].shape))
             out[i] += context @ p["out"]["kernel"][h]
             weights[h, i] = w
     return out + p["out"]["bias"], weights
@@ -121,22 +134,35 @@ def _embed(table, tokens, positions_kind, position_table, d):
     return out
 
 
-def _encoder_layer_ref(pl, x, valid, norm, rope, normalizer="softmax"):
+def _relative(pl, dist):
+    """A layer's Shaw tables ``(a^K, a^V, k)``, or None without relative positions."""
+    return None if "relative" not in pl else (pl["relative"]["keys"], pl["relative"]["values"], dist)
+
+
+def _encoder_layer_ref(pl, x, valid, norm, rope, alibi=False, dist=None, normalizer="softmax"):
     """Self-attention over the real source words, then the FFN, each a residual sub-layer."""
 
     def attention(h):
-        return list(mha_ref(pl["attention"], h, h, lambda i, j: valid[j], rope, normalizer)[0])
+        return list(
+            mha_ref(
+                pl["attention"], h, h, lambda i, j: valid[j], rope, normalizer, alibi, _relative(pl, dist)
+            )[0]
+        )
 
     x = _residual(norm, pl["attention_norm"], x, attention)
     return _residual(norm, pl["ffn_norm"], x, lambda h: [ffn_ref(pl["ffn"], hi) for hi in h])
 
 
-def _decoder_layer_ref(pl, y, memory, valid, norm, rope, normalizer="softmax"):
+def _decoder_layer_ref(pl, y, memory, valid, norm, rope, alibi=False, dist=None, normalizer="softmax"):
     """Causal self-attention, cross-attention over the real source words, FFN: ``(y, cross weights)``."""
     cross = {}
 
     def self_attention(h):
-        return list(mha_ref(pl["self_attention"], h, h, lambda i, j: j <= i, rope, normalizer)[0])
+        return list(
+            mha_ref(
+                pl["self_attention"], h, h, lambda i, j: j <= i, rope, normalizer, alibi, _relative(pl, dist)
+            )[0]
+        )
 
     def cross_attention(h):
         out, cross["w"] = mha_ref(
@@ -151,7 +177,16 @@ def _decoder_layer_ref(pl, y, memory, valid, norm, rope, normalizer="softmax"):
 
 
 def transformer_ref(
-    params, src, src_mask, tgt_in, *, norm, positions, share_embeddings, normalizer="softmax"
+    params,
+    src,
+    src_mask,
+    tgt_in,
+    *,
+    norm,
+    positions,
+    share_embeddings,
+    max_relative_positions=None,
+    normalizer="softmax",
 ):
     """Teacher-forced Transformer in float64, one sentence at a time (``normalizer``: every attention's).
 
@@ -166,7 +201,7 @@ def transformer_ref(
     d = tgt_table.shape[1]
     n_enc = p["encoder"]["ffn"]["w_1"].shape[0]
     n_dec = p["decoder"]["ffn"]["w_1"].shape[0]
-    rope = positions == "rope"
+    rope, alibi, dist = positions == "rope", positions == "alibi", max_relative_positions
     batch, s_len = src.shape
     t_len = tgt_in.shape[1]
     heads = p["decoder"]["cross_attention"]["query"]["kernel"].shape[2]
@@ -181,7 +216,7 @@ def transformer_ref(
         valid = src_mask[b]
         x = _embed(src_table, src[b], positions, p.get("src_positions"), d)
         for l_idx in range(n_enc):
-            x = _encoder_layer_ref(layer(p["encoder"], l_idx), x, valid, norm, rope, normalizer)
+            x = _encoder_layer_ref(layer(p["encoder"], l_idx), x, valid, norm, rope, alibi, dist, normalizer)
             out["encoder"][b, l_idx] = np.stack(x)
         if norm == "pre":
             x = [layer_norm_ref(xi, p["encoder_norm"]) for xi in x]
@@ -190,7 +225,7 @@ def transformer_ref(
         y = _embed(tgt_table, tgt_in[b], positions, p.get("tgt_positions"), d)
         for l_idx in range(n_dec):
             y, out["cross"][b, l_idx] = _decoder_layer_ref(
-                layer(p["decoder"], l_idx), y, memory, valid, norm, rope, normalizer
+                layer(p["decoder"], l_idx), y, memory, valid, norm, rope, alibi, dist, normalizer
             )
             out["decoder"][b, l_idx] = np.stack(y)
         if norm == "pre":
