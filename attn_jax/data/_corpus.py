@@ -143,8 +143,9 @@ def _with_alignments(
             f"{path}:{min(len(lines), len(rows)) + 1}: alignment file has {len(lines)} lines but {text} has "
             f"{len(rows)}: one alignment line per sentence pair"
         )
+    # A pair with an empty side is skipped (and counted) by the reader, its alignment line with it: unchecked.
     return [
-        (src, tgt, _check_links(path, k, line, src, tgt))
+        (src, tgt, _check_links(path, k, line, src, tgt) if src.strip() and tgt.strip() else line)
         for k, ((src, tgt), line) in enumerate(zip(rows, lines, strict=True), start=1)
     ]
 
