@@ -427,9 +427,9 @@ def pack_pairs(
     Returns:
       :class:`Packing`.
 
-    >>> p = pack_pairs([3, 2, 2, 4], [2, 3, 1, 4], 5, 5)
+    >>> p = pack_pairs([3, 4, 2, 1, 9], [3, 4, 2, 1, 1], 5, 5)  # pair 2 goes back to row 0's tail
     >>> [r.tolist() for r in p.rows], p.dropped.tolist()
-    ([[0, 1], [2, 3]], [])
+    ([[0, 2], [1, 3]], [4])
     """
     src_needs = np.asarray(src_needs, np.int64)
     tgt_needs = np.asarray(tgt_needs, np.int64)
