@@ -2,6 +2,7 @@
 train step whose loss sums equal those of the same pairs unpacked."""
 
 import io
+import json
 import os
 import pathlib
 
@@ -68,4 +69,6 @@ def test_packed_smoke_run(tmp_path):
     assert all(r["sentences"] > 16 * r_steps for r, r_steps in zip(train, [5, 5], strict=True))
     assert all(np.isfinite(r["loss"]) and r["tokens_per_batch"] > 0 for r in train)
     val = [r for r in read_metrics(os.path.join(tmp_path, "metrics.jsonl")) if r["split"] == "validation"]
-    assert val and val[-1]["sentences"] == 40  # validation stays unpacked: every validation pair
+    with open(os.path.join(tmp_path, "data.json"), encoding="utf-8") as f:
+        kept = json.load(f)["validation"]["kept"]
+    assert val and val[-1]["sentences"] == kept  # validation stays unpacked: every kept pair, one a row
