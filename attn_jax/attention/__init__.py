@@ -44,8 +44,10 @@ from attn_jax.attention._masks import (
     make_attention_mask,
     make_causal_mask,
     make_padding_mask,
+    make_segment_mask,
     padding_lengths,
     padding_mask_from_tokens,
+    segment_positions,
     sliding_window_mask,
 )
 from attn_jax.attention._multihead import (
@@ -119,8 +121,10 @@ __all__ = [
     "make_attention_mask",
     "make_causal_mask",
     "make_padding_mask",
+    "make_segment_mask",
     "padding_lengths",
     "padding_mask_from_tokens",
+    "segment_positions",
     "sliding_window_mask",
     # padding that cannot leak
     "zero_masked_keys",

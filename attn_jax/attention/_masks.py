@@ -1,4 +1,5 @@
-"""Boolean attention masks: padding, causal, sliding-window, their combination, and conversion from PyTorch's conventions.
+"""Boolean attention masks: padding, causal, sliding-window, packed segments, their combination, conversion
+from PyTorch's conventions.
 
 Convention (the whole library): a mask is boolean, ``True`` means "this query may attend this key", and it
 broadcasts to the logits ``[..., T, S]`` (or ``[..., H, T, S]`` with heads). PyTorch's
@@ -258,6 +259,82 @@ def combine_masks(*masks: Bool[ArrayLike, "..."] | None) -> Bool[Array, "..."] |
         _check_bool(f"mask {i}", m)
     check_broadcastable([f"mask {i}" for i, _ in present], [np.shape(m) for _, m in present])
     return functools.reduce(jnp.logical_and, [jnp.asarray(m) for _, m in present])
+
+
+def _check_segments(name: str, x) -> None:
+    """Raise unless ``x`` holds integer segment ids of rank >= 1."""
+    check_min_rank(name, x, 1)
+    dtype = jnp.asarray(x).dtype
+    if not jnp.issubdtype(dtype, jnp.integer):
+        raise ValueError(
+            f"{name} must be integer segment ids (0 = padding), got dtype {dtype} (shape {shape_str(x)})"
+        )
+
+
+def make_segment_mask(
+    query_segments: Int[ArrayLike, "... T"], key_segments: Int[ArrayLike, "... S"]
+) -> Bool[Array, "... T S"]:
+    r"""Mask of packed sequences: query ``i`` may attend key ``j`` iff both lie in the same (non-padding) segment.
+
+    .. math:: m_{ij} = [\, q_i = k_j \,] \wedge [\, q_i \neq 0 \,]
+
+    Several short sequences packed into one row (the Flax ``wmt``/``lm1b`` examples) carry segment ids
+    ``1, 2, ...``, one per sequence, and ``0`` on padding: no attention crosses a sequence boundary, and padding
+    neither attends nor is attended (its rows are all-False, so its attention output is exactly zero). It equals
+    ``flax.linen.make_attention_mask(q, k, jnp.equal)`` AND-ed with ``make_attention_mask(q > 0, k > 0)``,
+    without Flax's head axis. AND it with :func:`make_causal_mask` for a packed decoder's self-attention;
+    cross-attention takes the target's ids as queries and the source's as keys (target pair ``n`` attends
+    source pair ``n``).
+
+    Args:
+      query_segments: integer ``[..., T]``, 0 on padding; may be traced.
+      key_segments: integer ``[..., S]``; leading axes broadcast against ``query_segments``'s.
+
+    Returns:
+      boolean ``[..., T, S]`` (add the head axis with ``[:, None]`` for ``[B, 1, T, S]``).
+
+    >>> make_segment_mask(jnp.array([1, 1, 2, 0]), jnp.array([1, 2, 2, 0])).astype(int)
+    Array([[1, 0, 0, 0],
+           [1, 0, 0, 0],
+           [0, 1, 1, 0],
+           [0, 0, 0, 0]], dtype=int32)
+    """
+    _check_segments("query_segments", query_segments)
+    _check_segments("key_segments", key_segments)
+    check_broadcastable(
+        ["query_segments batch axes", "key_segments batch axes"],
+        [np.shape(query_segments)[:-1], np.shape(key_segments)[:-1]],
+    )
+    q = jnp.asarray(query_segments)[..., :, None]  # [..., T, 1]
+    k = jnp.asarray(key_segments)[..., None, :]  # [..., 1, S]
+    return jnp.logical_and(q == k, q != 0)
+
+
+def segment_positions(segments: Int[ArrayLike, "... L"]) -> Int[Array, "... L"]:
+    r"""Positions that restart at 0 in every segment of a packed row; 0 on padding (segment 0).
+
+    .. math:: p_j = j - \max\{\, i \le j : i = 0 \lor s_i \neq s_{i-1} \,\} \quad (s_j \neq 0), \qquad
+        p_j = 0 \quad (s_j = 0)
+
+    A segment is a maximal run of equal ids (the packer writes each sequence as one contiguous run), so a
+    packed sequence gets the positions ``0, 1, ...`` it would have alone, and with them the same sinusoidal,
+    learned or rotary position encodings.
+
+    Args:
+      segments: integer ``[..., L]``, 0 on padding; may be traced.
+
+    Returns:
+      int32 ``[..., L]``.
+
+    >>> segment_positions(jnp.array([1, 1, 1, 2, 2, 3, 0, 0]))
+    Array([0, 1, 2, 0, 1, 0, 0, 0], dtype=int32)
+    """
+    _check_segments("segments", segments)
+    s = jnp.asarray(segments)
+    idx = jnp.broadcast_to(jnp.arange(s.shape[-1], dtype=jnp.int32), s.shape)
+    start = jnp.concatenate([jnp.ones_like(s[..., :1], bool), s[..., 1:] != s[..., :-1]], axis=-1)
+    first = jax.lax.cummax(jnp.where(start, idx, 0), axis=s.ndim - 1)  # index of the run's first position
+    return jnp.where(s != 0, idx - first, 0).astype(jnp.int32)
 
 
 # An additive float entry at or below this blocks its pair: exp(-1000) is 0 even in float64, so PyTorch gives the

@@ -20,6 +20,16 @@ Batch layout (``B`` rows, one padded length ``L`` per bucket, ``S == T == L``)::
 
 Padding rows (all <pad>, lengths 0) appear only when ``drop_remainder=False`` fills the last batch of a
 bucket.
+
+Packed batches (``make_batch_iterator(..., pack=True)``, the trainer's ``data.pack``): several pairs per row
+of one fixed width ``L`` (:func:`pack_pairs`, :class:`PackedPlan`), each pair a contiguous run laid out as
+above, the runs one after another from the left; four more arrays say where each pair sits::
+
+    src_segments  int32 [B, S]  1 1 1 2 2 2 2 3 3 0 ..   pair n of the row (1-based); 0 on padding
+    src_positions int32 [B, S]  0 1 2 0 1 2 3 0 1 0 ..   position within its pair (restarts per pair)
+    tgt_segments, tgt_positions int32 [B, T]             the same for tgt_in / tgt_out
+    src_len, tgt_len                                     the row's real positions (all its pairs together)
+    example_id                                           the row's first pair (-1 on padding rows)
 """
 
 from __future__ import annotations
@@ -300,6 +310,10 @@ class Batch(NamedTuple):
     tgt_len: np.ndarray
     example_id: np.ndarray
     gold: np.ndarray | None = None
+    src_segments: np.ndarray | None = None  # packed rows only (see the module docstring)
+    tgt_segments: np.ndarray | None = None
+    src_positions: np.ndarray | None = None
+    tgt_positions: np.ndarray | None = None
 
     @property
     def src_mask(self) -> np.ndarray:
@@ -357,6 +371,192 @@ def assemble_batch(
     return Batch(src, src_len, tgt_in, tgt_out, tgt_len, example_id, gold)
 
 
+# ------------------------------------------------------------------------------------------------------------
+# Packing: several pairs per row.
+
+
+class Packing(NamedTuple):
+    """Pairs packed into rows by :func:`pack_pairs`.
+
+    Attributes:
+      rows: one int64 array of pair indices per row, in the order they sit in the row.
+      dropped: int64 indices of the pairs that fit no row (longer than the width on either side).
+      src_width, tgt_width: the rows' widths.
+      src_used, tgt_used: positions the pairs fill in all rows together (fill = used / (rows · width)).
+    """
+
+    rows: list[np.ndarray]
+    dropped: np.ndarray
+    src_width: int
+    tgt_width: int
+    src_used: int
+    tgt_used: int
+
+    def summary(self) -> str:
+        """One line: pairs, rows, fill of each side, drops."""
+        n = sum(len(r) for r in self.rows)
+        cells = max(len(self.rows), 1)
+        return (
+            f"packed {n:,} pairs into {len(self.rows):,} rows of width {self.src_width}/{self.tgt_width} "
+            f"(source/target; {n / cells:.2f} pairs a row, {self.src_used / (cells * self.src_width):.1%} / "
+            f"{self.tgt_used / (cells * self.tgt_width):.1%} of positions real); {len(self.dropped):,} pairs "
+            "longer than a row dropped"
+        )
+
+
+def pack_pairs(
+    src_needs: Sequence[int] | np.ndarray,
+    tgt_needs: Sequence[int] | np.ndarray,
+    src_width: int,
+    tgt_width: int,
+    order: Sequence[int] | np.ndarray | None = None,
+) -> Packing:
+    """Greedy first-fit packing: each pair, in ``order``, goes to the first row with room on both sides.
+
+    A pair needs ``src_needs[i]`` source and ``tgt_needs[i]`` target positions (specials included). First-fit
+    rather than the Flax examples' sequential packing (append to the open row, start a new one when the pair
+    does not fit): packing happens once per run, offline, so its cost does not matter, and first-fit leaves
+    fewer, fuller rows because a short pair can still go back to an earlier row's tail. Every pair is placed
+    exactly once or, when it exceeds a width, listed in :attr:`Packing.dropped` (never silently lost).
+
+    Args:
+      src_needs, tgt_needs: positions each pair needs on each side, ``[N]``, each >= 1.
+      src_width, tgt_width: the rows' widths.
+      order: the order pairs are placed in (a permutation of a subset of ``0..N-1``); default ``0..N-1``.
+
+    Returns:
+      :class:`Packing`.
+
+    >>> p = pack_pairs([3, 4, 2, 1, 9], [3, 4, 2, 1, 1], 5, 5)  # pair 2 goes back to row 0's tail
+    >>> [r.tolist() for r in p.rows], p.dropped.tolist()
+    ([[0, 2], [1, 3]], [4])
+    """
+    src_needs = np.asarray(src_needs, np.int64)
+    tgt_needs = np.asarray(tgt_needs, np.int64)
+    if src_needs.ndim != 1 or src_needs.shape != tgt_needs.shape:
+        raise ValueError(
+            f"src_needs and tgt_needs must be [N] of one N, got {src_needs.shape} and {tgt_needs.shape}"
+        )
+    for name, w in (("src_width", src_width), ("tgt_width", tgt_width)):
+        if isinstance(w, bool) or not isinstance(w, int | np.integer) or w < 1:
+            raise ValueError(f"{name} must be a positive int, got {w!r}")
+    if len(src_needs) and min(src_needs.min(), tgt_needs.min()) < 1:
+        raise ValueError("every pair needs at least one position on each side")
+    order = np.arange(len(src_needs)) if order is None else np.asarray(order, np.int64)
+    if len(np.unique(order)) != len(order) or (
+        len(order) and not 0 <= order.min() <= order.max() < len(src_needs)
+    ):
+        raise ValueError("order must list distinct pair indices in [0, N)")
+    fits = (src_needs[order] <= src_width) & (tgt_needs[order] <= tgt_width)
+    dropped = np.sort(order[~fits])
+    placed = order[fits]
+    src_free = np.empty(len(placed), np.int64)  # at most one row per pair
+    tgt_free = np.empty(len(placed), np.int64)
+    members: list[list[int]] = []
+    for i in placed:
+        s, t = src_needs[i], tgt_needs[i]
+        room = np.flatnonzero((src_free[: len(members)] >= s) & (tgt_free[: len(members)] >= t))
+        if len(room):
+            r = room[0]
+            members[r].append(int(i))
+        else:
+            r = len(members)
+            members.append([int(i)])
+            src_free[r], tgt_free[r] = src_width, tgt_width
+        src_free[r] -= s
+        tgt_free[r] -= t
+    return Packing(
+        rows=[np.asarray(m, np.int64) for m in members],
+        dropped=dropped,
+        src_width=int(src_width),
+        tgt_width=int(tgt_width),
+        src_used=int(src_needs[placed].sum()),
+        tgt_used=int(tgt_needs[placed].sum()),
+    )
+
+
+class PackedPlan(BatchPlan):
+    """The schedule of packed batches: the kept pairs packed once into rows of one width, rows batched.
+
+    The width is the padded length :class:`BatchPlan` would give the longest kept pair (its bucket), on both
+    sides, so no kept pair is too long. The pairs are packed once, by :func:`pack_pairs` in a seeded random
+    order (``numpy.random.default_rng((seed, "pack"))``; corpus order without ``shuffle``), and each epoch
+    shuffles the *rows* as :class:`BatchPlan` shuffles a bucket: a fixed number of batches per epoch keeps the
+    schedule a pure function of the global batch index (exact resumption, shards). A batch holds
+    ``batch_size`` rows (or ``tokens_per_batch // width``), so it carries more pairs than an unpacked batch.
+
+    Attributes (besides :class:`BatchPlan`'s): ``packing`` (:class:`Packing`, rows of corpus indices) and
+    ``width``.
+    """
+
+    def __init__(self, corpus: EncodedCorpus, config: BatchConfig) -> None:
+        probe = BatchPlan(corpus, config)  # the length filter, its errors and the widest bucket
+        self.config = config
+        self.num_filtered = probe.num_filtered
+        self.width = probe.buckets[-1].length
+        kept = np.concatenate([b.members for b in probe.buckets])
+        kept.sort()
+        if config.shuffle:
+            kept = np.random.default_rng((config.seed, int.from_bytes(b"pack", "big"))).permutation(kept)
+        src_need = corpus.src_lengths + int(config.add_source_eos)
+        self.packing = pack_pairs(src_need, corpus.tgt_lengths + 1, self.width, self.width, order=kept)
+        if len(self.packing.dropped):  # cannot happen: the width holds the longest kept pair
+            raise AssertionError(f"packing dropped {len(self.packing.dropped)} kept pairs")
+        rows = len(self.packing.rows)
+        self.buckets = [Bucket(self.width, self._batch_size(self.width), np.arange(rows))]
+        bs = self.buckets[0].batch_size
+        self._counts = [rows // bs if config.drop_remainder else -(-rows // bs)]
+        self.batches_per_epoch = self._counts[0]
+        if self.batches_per_epoch == 0:
+            raise CorpusError(
+                f"{corpus.name}: no complete packed batch ({rows} rows of width {self.width}, batch size {bs}); "
+                "lower the batch size or set drop_remainder=False"
+            )
+        self.num_batches = (
+            sys.maxsize if config.num_epochs is None else config.num_epochs * self.batches_per_epoch
+        )
+        self._lock = threading.Lock()
+        self._cache = {}
+
+
+def assemble_packed_batch(
+    corpus: EncodedCorpus,
+    rows: Sequence[np.ndarray | None],
+    width: int,
+    *,
+    add_source_eos: bool = True,
+) -> Batch:
+    """Lay out packed rows (each an array of corpus indices; ``None`` for a padding row) in ``width``
+    positions, with segment ids and per-pair positions (see the module docstring)."""
+    n = len(rows)
+    src, tgt_in, tgt_out = (np.full((n, width), PAD_ID, np.int32) for _ in range(3))
+    src_seg, tgt_seg, src_pos, tgt_pos = (np.zeros((n, width), np.int32) for _ in range(4))
+    src_len, tgt_len = np.zeros(n, np.int32), np.zeros(n, np.int32)
+    example_id = np.full(n, -1, np.int32)
+    for b, members in enumerate(rows):
+        if members is None or len(members) == 0:
+            continue
+        example_id[b] = members[0]
+        a = c = 0  # next free source / target position
+        for k, i in enumerate(members, start=1):
+            s, t = corpus.source(i), corpus.target(i)
+            ls, lt = len(s) + int(add_source_eos), len(t) + 1
+            if a + ls > width or c + lt > width:
+                raise ValueError(f"row {b}: pairs {list(members)} need more than {width} positions")
+            src[b, a : a + len(s)] = s
+            if add_source_eos:
+                src[b, a + len(s)] = EOS_ID
+            tgt_in[b, c] = BOS_ID
+            tgt_in[b, c + 1 : c + lt] = t
+            tgt_out[b, c : c + len(t)] = t
+            tgt_out[b, c + len(t)] = EOS_ID
+            src_seg[b, a : a + ls], src_pos[b, a : a + ls] = k, np.arange(ls)
+            tgt_seg[b, c : c + lt], tgt_pos[b, c : c + lt] = k, np.arange(lt)
+            a, c = a + ls, c + lt
+        src_len[b], tgt_len[b] = a, c
+    return Batch(src, src_len, tgt_in, tgt_out, tgt_len, example_id, None, src_seg, tgt_seg, src_pos, tgt_pos)
+
+
 class _ShardSource:
     """grain random-access source: element ``k`` is this process's rows of global batch ``k``."""
 
@@ -371,6 +571,11 @@ class _ShardSource:
         bucket, rows = self.plan.global_batch(int(k))
         per = len(rows) // self.process_count
         mine = rows[self.process_index * per : (self.process_index + 1) * per]
+        if isinstance(self.plan, PackedPlan):
+            packed = [None if r < 0 else self.plan.packing.rows[r] for r in mine]
+            return assemble_packed_batch(
+                self.corpus, packed, self.plan.width, add_source_eos=self.plan.config.add_source_eos
+            )
         return assemble_batch(
             self.corpus,
             mine,
@@ -400,6 +605,8 @@ class BatchIterator(grain.DatasetIterator):
                     dataclasses.asdict(plan.config),
                     self.process_index,
                     self.process_count,
+                    # only when packed, so unpacked runs keep the fingerprints their checkpoints hold
+                    *(["packed"] if isinstance(plan, PackedPlan) else []),
                 ],
                 sort_keys=True,
             ).encode()
@@ -435,6 +642,7 @@ def make_batch_iterator(
     process_count: int = 1,
     with_gold: bool = False,
     prefetch: int = 2,
+    pack: bool = False,
 ) -> BatchIterator:
     """Batches of ``corpus`` under ``config``; process ``process_index`` of ``process_count`` gets its rows.
 
@@ -447,6 +655,7 @@ def make_batch_iterator(
       with_gold: include the gold alignment matrix ``gold`` (needs word-level vocabularies and a corpus with
         alignments, e.g. the built-in one).
       prefetch: batches assembled ahead in a background thread (0: none).
+      pack: several pairs per row (:class:`PackedPlan`; batches carry segment ids and positions).
 
     Returns:
       A :class:`BatchIterator`. Raises :class:`CorpusError` when filtering leaves nothing and ``ValueError``
@@ -459,7 +668,9 @@ def make_batch_iterator(
             f"{corpus.name}: no word-level gold alignments "
             "(the corpus has none, or a vocabulary is not word-level)"
         )
-    plan = BatchPlan(corpus, config)
+    if pack and with_gold:
+        raise ValueError("packed batches carry no gold alignments (with_gold=True needs pack=False)")
+    plan = PackedPlan(corpus, config) if pack else BatchPlan(corpus, config)
     bad = [b for b, _ in plan.shapes if b % process_count]
     if bad:
         raise ValueError(

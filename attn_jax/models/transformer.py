@@ -71,7 +71,13 @@ from flax import nnx
 
 from attn_jax.attention._alibi import alibi_bias, alibi_slopes
 from attn_jax.attention._dot_product import dot_product_attention
-from attn_jax.attention._masks import key_padding_mask, make_causal_mask, make_padding_mask
+from attn_jax.attention._masks import (
+    key_padding_mask,
+    make_causal_mask,
+    make_padding_mask,
+    make_segment_mask,
+    segment_positions,
+)
 from attn_jax.attention._multihead import init_multi_head_params, project_heads, project_output
 from attn_jax.attention._normalizers import NORMALIZERS
 from attn_jax.attention._positional import (
@@ -420,11 +426,18 @@ def _self_attention(
     rope: bool,
     positional=None,
     normalizer: str = "softmax",
+    rope_positions=None,
 ) -> tuple[Float[Array, "B T D"], Float[Array, "B H T T"]]:
-    """Multi-head self-attention over all positions of ``x`` (RoPE on queries and keys when ``rope``; an ALiBi
-    bias or relative tables in ``positional``)."""
+    """Multi-head self-attention over all positions of ``x`` (RoPE on queries and keys when ``rope``, at
+    ``rope_positions`` ``[B, T]`` when given (packed rows), else ``0..T-1``; an ALiBi bias or relative tables in
+    ``positional``)."""
     q, k, v = (project_heads(p[n], x) for n in _QKV)  # [B, H, T, K], [B, G, T, K], [B, G, T, K]
-    if rope:
+    if rope and rope_positions is not None:
+        q, k = (
+            rotary_embedding(q, rope_positions[:, None, :]),
+            rotary_embedding(k, rope_positions[:, None, :]),
+        )
+    elif rope:
         q, k = rotary_embedding(q), rotary_embedding(k)
     return _attend_heads(p["out"], q, k, v, mask, positional, normalizer)
 
@@ -444,6 +457,50 @@ def _sublayer(norm: str, p_norm: dict, x, fn, dtype, rate: float, keep):
 
 def _mask(masks, i):
     return None if masks is None else masks[i]
+
+
+class _Packed(NamedTuple):
+    """Segment ids and per-segment positions of packed rows (see :meth:`Transformer.__call__`)."""
+
+    src_segments: Int[Array, "B S"]
+    tgt_segments: Int[Array, "B T"]
+    src_positions: Int[Array, "B S"]
+    tgt_positions: Int[Array, "B T"]
+
+
+def _packed(src, tgt_in, src_segments, tgt_segments, src_positions, tgt_positions) -> _Packed | None:
+    """The packed-row arguments checked and completed (positions from the ids), or None when not packed."""
+    if src_segments is None and tgt_segments is None:
+        if src_positions is not None or tgt_positions is not None:
+            raise ValueError(
+                "src_positions/tgt_positions are for packed rows: pass src_segments and tgt_segments"
+            )
+        return None
+    if src_segments is None or tgt_segments is None:
+        raise ValueError(
+            "packed rows need both src_segments and tgt_segments (target pair n reads source pair n)"
+        )
+    pieces = {}
+    for name, x, ref in (
+        ("src_segments", src_segments, src),
+        ("tgt_segments", tgt_segments, tgt_in),
+        ("src_positions", src_positions, src),
+        ("tgt_positions", tgt_positions, tgt_in),
+    ):
+        if x is None:
+            continue
+        if jnp.shape(x) != jnp.shape(ref) or not jnp.issubdtype(jnp.asarray(x).dtype, jnp.integer):
+            raise ValueError(
+                f"{name} must be integers of the tokens' shape {list(jnp.shape(ref))}, got "
+                f"{jnp.asarray(x).dtype} {list(jnp.shape(x))}"
+            )
+        pieces[name] = jnp.asarray(x)
+    return _Packed(
+        src_segments=pieces["src_segments"],
+        tgt_segments=pieces["tgt_segments"],
+        src_positions=pieces.get("src_positions", segment_positions(pieces["src_segments"])),
+        tgt_positions=pieces.get("tgt_positions", segment_positions(pieces["tgt_segments"])),
+    )
 
 
 # ------------------------------------------------------------------------------------------------ module
@@ -541,7 +598,7 @@ class Transformer(nnx.Module):
 
     # ------------------------------------------------------------------------------------------- encoder
 
-    def _encode(self, src, src_mask, keep, collect: bool):
+    def _encode(self, src, src_mask, keep, collect: bool, packed: _Packed | None = None):
         c = self.config
         dtype = jnp.dtype(c.dtype)
         check_source(src, src_mask)
@@ -549,17 +606,25 @@ class Transformer(nnx.Module):
         table = self.tgt_embed[...] if self.src_embed is None else self.src_embed[...]
         positions = self.src_positions[...] if self.src_positions is not None else None
         pos = src.shape[1] if c.positions == "learned" else jnp.arange(src.shape[1])[None, :]
+        if packed is not None:
+            pos = packed.src_positions  # [B, S], restarting in every segment
         x = self._embed(table, positions, src, pos, _mask(keep, 0))  # [B, S, D] float32
         mask = key_padding_mask(src_mask)[:, None]  # [B, 1, 1, S]: padded keys hidden from every head
+        if packed is not None:  # [B, 1, S, S]: and only keys of the query's own segment
+            mask = jnp.logical_and(mask, make_segment_mask(packed.src_segments, packed.src_segments)[:, None])
         rope = c.positions == "rope"
         src_pos = jnp.arange(src.shape[1])
+        rope_pos = None if packed is None else packed.src_positions
 
         def layer(x, xs):
             p, keep = xs  # keep: [2, B, S, D] or None
             positional = _positional(c, p.get("relative"), src_pos, src_pos)
 
             def attention(h):
-                return _self_attention(p["attention"], h, mask, rope, positional, c.normalizer)[0], None
+                return (
+                    _self_attention(p["attention"], h, mask, rope, positional, c.normalizer, rope_pos)[0],
+                    None,
+                )
 
             def ffn(h):
                 return _ffn(p["ffn"], h), None
@@ -594,7 +659,7 @@ class Transformer(nnx.Module):
 
     # ------------------------------------------------------------------------------------------- decoder
 
-    def _decode(self, enc: EncoderOutput, tgt_in, keep, collect: bool):
+    def _decode(self, enc: EncoderOutput, tgt_in, keep, collect: bool, packed: _Packed | None = None):
         """Teacher-forced decoder over all positions: ``(final y [B, T, D], per-layer ys)``."""
         c = self.config
         dtype = jnp.dtype(c.dtype)
@@ -602,18 +667,27 @@ class Transformer(nnx.Module):
         self._check_length("tgt_in", t)
         positions = self.tgt_positions[...] if self.tgt_positions is not None else None
         pos = t if c.positions == "learned" else jnp.arange(t)[None, :]
+        if packed is not None:
+            pos = packed.tgt_positions  # [B, T], restarting in every segment
         y = self._embed(self.tgt_embed[...], positions, tgt_in, pos, _mask(keep, 0))
         causal = make_causal_mask(t)  # [T, T], broadcast over batch and heads
         cross_mask = key_padding_mask(enc.mask)[:, None]  # [B, 1, 1, S]
+        if packed is not None:  # target pair n sees its own earlier tokens and source pair n only
+            tgt_seg, src_seg = packed.tgt_segments, packed.src_segments
+            causal = jnp.logical_and(causal, make_segment_mask(tgt_seg, tgt_seg)[:, None])  # [B, 1, T, T]
+            cross_mask = jnp.logical_and(
+                cross_mask, make_segment_mask(tgt_seg, src_seg)[:, None]
+            )  # [B, 1, T, S]
         rope = c.positions == "rope"
         tgt_pos = jnp.arange(t)
+        rope_pos = None if packed is None else packed.tgt_positions
 
         def layer(y, xs):
             p, kv, keep = xs  # keep: [3, B, T, D] or None
             positional = _positional(c, p.get("relative"), tgt_pos, tgt_pos)
 
             def self_attention(pa, h):
-                return _self_attention(pa, h, causal, rope, positional, c.normalizer)
+                return _self_attention(pa, h, causal, rope, positional, c.normalizer, rope_pos)
 
             y, w = _decoder_layer(c, p, y, self_attention, kv, cross_mask, dtype, keep)
             return y, ((w, y) if collect else jnp.mean(w, axis=1))  # heads averaged: [B, T, S]
@@ -711,16 +785,29 @@ class Transformer(nnx.Module):
         tgt_in: Int[Array, "B T"],
         *,
         dropout_rng: jax.Array | None = None,
+        src_segments: Int[Array, "B S"] | None = None,
+        tgt_segments: Int[Array, "B T"] | None = None,
+        src_positions: Int[Array, "B S"] | None = None,
+        tgt_positions: Int[Array, "B T"] | None = None,
     ) -> tuple[Float[Array, "B T V"], Float[Array, "B T S"]]:
         """Teacher forcing: float32 ``(logits [B, T, V], last decoder layer's cross-attention [B, T, S])``.
 
         The attention is averaged over heads. ``dropout_rng`` (a PRNG key) switches dropout on; without it
         the model is deterministic.
+
+        Packed rows (several pairs per row, as in the Flax ``wmt`` example): ``src_segments`` and
+        ``tgt_segments`` give each position's pair (``1, 2, ...``; 0 on padding; pair ``n`` of the target
+        belongs to pair ``n`` of the source). Encoder self-attention stays within a segment, decoder
+        self-attention is causal within a segment, and cross-attention reads the source segment of the same
+        id (:func:`~attn_jax.attention.make_segment_mask`). Positions restart in every segment:
+        ``src_positions``/``tgt_positions``, by default :func:`~attn_jax.attention.segment_positions` of the
+        ids. Every pair then gets the logits it would get alone. Without segments the pass is unchanged.
         """
         self._check_inputs(src, src_mask, tgt_in)
+        packed = _packed(src, tgt_in, src_segments, tgt_segments, src_positions, tgt_positions)
         enc_keep, dec_keep = self._keep_masks(dropout_rng, src.shape, tgt_in.shape)
-        enc, _ = self._encode(src, src_mask, enc_keep, collect=False)
-        y, weights = self._decode(enc, tgt_in, dec_keep, collect=False)
+        enc, _ = self._encode(src, src_mask, enc_keep, collect=False, packed=packed)
+        y, weights = self._decode(enc, tgt_in, dec_keep, collect=False, packed=packed)
         return self._logits(y), weights[-1]
 
     def intermediates(

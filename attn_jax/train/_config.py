@@ -58,7 +58,9 @@ validation split gold-hit diagnostics, ``evaluate`` its AER, and ``lambda_align`
 pieces; four specials are added; SentencePiece gives fewer when the corpus supports no more, and the start-up
 output says how many), ``data.max_source_length``/``max_target_length`` (pairs longer are dropped; in words, or
 in pieces with ``sentencepiece``), ``data.batch_size``/``eval_batch_size``, ``data.bucket_boundaries``,
-``data.prefetch``.
+``data.prefetch``. ``data.pack`` (False) — pack several training pairs into each row of one fixed width
+(segment ids and per-pair positions, no attention across pairs; ``model.arch=transformer`` only); rows per
+batch stay ``data.batch_size``, so a batch carries more pairs; validation stays unpacked.
 ``debug.inject_nan_at_step`` (-1: off) — make the parameters NaN just before update k, to exercise the
 divergence guard.
 ``parallel.strategy`` (``none``) — ``none``: one device, the plain jitted step; ``data``, ``tensor``,
@@ -247,6 +249,7 @@ def default_config(arch: str = "rnnsearch") -> ml_collections.ConfigDict:
             eval_batch_size=80,
             bucket_boundaries=(16, 24, 32, 48, 64, 96, 128),
             prefetch=2,
+            pack=False,
         )
     )
     c.debug = ml_collections.ConfigDict(dict(inject_nan_at_step=-1))
@@ -573,6 +576,11 @@ def check_config(config: ml_collections.ConfigDict) -> None:
     for key in ("max_train_examples", "max_eval_examples", "prefetch"):
         if d[key] < 0:
             raise ConfigError(f"data.{key} must be >= 0, got {d[key]}")
+    if d.pack and config.model.arch != "transformer":
+        raise ConfigError(
+            f"data.pack=True needs model.arch=transformer (the only model that reads segment ids); got "
+            f"model.arch={config.model.arch!r}"
+        )
     batch_configs(config)
     optimizer_config(config)
     model_config(config, src_vocab=8, tgt_vocab=8)
@@ -608,6 +616,8 @@ def _check_alignment(config: ml_collections.ConfigDict) -> None:
         )
     if config.model.arch == "rnnenc":
         raise ConfigError(f"lambda_align={lam}: model.arch='rnnenc' has no attention to guide")
+    if d.pack:
+        raise ConfigError(f"lambda_align={lam} needs data.pack=False: packed rows carry no gold alignments")
 
 
 # parallel.strategy part -> the mesh axis it splits over.

@@ -280,6 +280,7 @@ class Inputs(NamedTuple):
     train_report: SplitReport | None = None  # every pair read, kept or dropped and why
     validation_report: SplitReport | None = None  # None: no validation split (data.eval_split=none)
     vocab_line: str = ""  # how SentencePiece vocabularies were trained ("": word vocabularies, or reloaded)
+    pack_line: str = ""  # data.pack: how the training pairs were packed ("": not packed)
 
 
 def make_inputs(
@@ -347,8 +348,16 @@ def make_inputs(
         )
     shard = dict(process_index=process_index, process_count=process_count)
     train_it = data.make_batch_iterator(
-        train_encoded, train_cfg, prefetch=d.prefetch, with_gold=guided, **shard
+        train_encoded, train_cfg, prefetch=d.prefetch, with_gold=guided, pack=d.pack, **shard
     )
+    pack_line = ""
+    if d.pack:
+        packing, rows = train_it.plan.packing, train_it.plan.buckets[0].batch_size
+        per_row = packing.tgt_used / max(len(packing.rows), 1)  # real target positions a row
+        pack_line = (
+            f"data: {packing.summary()}; {rows} rows a batch, about {rows * per_row:,.0f} target tokens a batch "
+            "(data.pack)"
+        )
     train_report = _split_report(
         train_split, d.train_split, train_corpus, train_encoded, train_cfg, train_beyond
     )
@@ -362,7 +371,10 @@ def make_inputs(
         validation_report = _split_report(
             eval_split, d.eval_split, eval_corpus, eval_encoded, eval_cfg, eval_beyond
         )
-    schedule = json.dumps([train_encoded.fingerprint(), dataclasses.asdict(train_cfg)], sort_keys=True)
+    schedule = json.dumps(
+        [train_encoded.fingerprint(), dataclasses.asdict(train_cfg), *(["packed"] if d.pack else [])],
+        sort_keys=True,
+    )
     return Inputs(
         src_vocab=src_vocab,
         tgt_vocab=tgt_vocab,
@@ -376,6 +388,7 @@ def make_inputs(
         train_report=train_report,
         validation_report=validation_report,
         vocab_line=vocab_line,
+        pack_line=pack_line,
     )
 
 

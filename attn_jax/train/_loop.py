@@ -274,6 +274,7 @@ class _Window:
             grad_norm=self.grad_norm / max(self.steps, 1),
             learning_rate=learning_rate,
             tokens_per_s=self.tokens_per_s,
+            tokens_per_batch=self.sums["tokens"] / max(self.steps, 1),
             epoch=epoch,
         )
         if self.align is not None:
@@ -655,6 +656,8 @@ def _data_lines(config: ml_collections.ConfigDict, inputs) -> list[str]:
     lines = [describe_split(inputs.train_report, "training", d, unit)]
     if inputs.vocab_line:
         lines.insert(0, inputs.vocab_line)
+    if inputs.pack_line:
+        lines.append(inputs.pack_line)
     v = inputs.validation_report
     if v is None:
         lines.append(

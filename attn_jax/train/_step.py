@@ -148,6 +148,8 @@ def init_train_state(config: StepConfig, seed: Int[Array, ""]) -> TrainState:
 
 
 def _masks(batch: Batch) -> tuple[jax.Array, jax.Array]:
+    if batch.src_segments is not None:  # packed rows: real wherever a pair sits
+        return batch.src_segments > 0, batch.tgt_segments > 0
     src_mask = jnp.arange(batch.src.shape[1]) < batch.src_len[:, None]  # [B, S]
     tgt_mask = jnp.arange(batch.tgt_out.shape[1]) < batch.tgt_len[:, None]  # [B, T]
     return src_mask, tgt_mask
@@ -157,8 +159,17 @@ def _forward(config: StepConfig, params: dict, batch: Batch, dropout_rng: jax.Ar
     """``(loss sums, coverage-loss sum or None, attention weights, src_mask, tgt_mask)`` of ``batch``."""
     src_mask, tgt_mask = _masks(batch)
     kwargs = {} if dropout_rng is None else {"dropout_rng": dropout_rng}
+    if batch.src_segments is not None:  # packed rows (data.pack): a static pytree difference, its own trace
+        kwargs.update(
+            src_segments=batch.src_segments,
+            tgt_segments=batch.tgt_segments,
+            src_positions=batch.src_positions,
+            tgt_positions=batch.tgt_positions,
+        )
     logits, weights = build_module(config.model, params)(batch.src, src_mask, batch.tgt_in, **kwargs)
     sums = loss_sums(logits, batch.tgt_out, tgt_mask, label_smoothing=config.label_smoothing)
+    if batch.tgt_segments is not None:  # a row holds pairs 1..k: count pairs, not rows
+        sums = sums._replace(sentences=jnp.sum(jnp.max(batch.tgt_segments, axis=-1), dtype=jnp.float32))
     coverage = None
     if config.lambda_coverage > 0:  # static: with 0 nothing is computed and the loss is the cross-entropy's
         if weights is None:
