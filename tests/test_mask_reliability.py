@@ -54,6 +54,7 @@ def _mask_takers(rng):
     pk = attn_jax.project_keys(add, k)
     mha = attn_jax.init_multi_head_params(jax.random.key(1), H, D, qkv_features=6)
     centers = attn_jax.monotonic_centers(T, jnp.full((B,), S))
+    rel_index = attn_jax.relative_position_index(jnp.arange(T), jnp.arange(S), 2)  # [T, S], rows 0..4
     rngs = nnx.Rngs(0)
     add_mod = AdditiveAttention(D, D, 6, rngs=rngs)
     luong_global = LuongAttention(D, D, score="general", rngs=rngs)
@@ -98,6 +99,19 @@ def _mask_takers(rng):
             lambda m: attn_jax.local_attention(scores, v, centers, window=2, mask=m, gaussian=False),
         ),
         ("multi_head_attention", pair, lambda m: attn_jax.multi_head_attention(mha, q, k, m)),
+        (
+            "relative_attention",  # one head: [B, 1, T, *]; values of the keys' width D, as its tables
+            pair,
+            lambda m: attn_jax.relative_attention(
+                q[:, None],
+                k[:, None],
+                k[:, None],
+                m[:, None],
+                jnp.zeros((5, D)),
+                jnp.zeros((5, D)),
+                rel_index,
+            ),
+        ),
         ("dot_product_implementation", pair, lambda m: attn_jax.dot_product_implementation(q, k, v, m)),
         ("combine_masks", pair, lambda m: attn_jax.combine_masks(m, None)),
         ("padding_lengths", pair, lambda m: attn_jax.padding_lengths(m)),
