@@ -188,12 +188,13 @@ def test_train_step_with_and_without_the_term(smoke_inputs):
         sums = loss_sums(logits, batch.tgt_out, tgt_mask)
         return sums.loss / sums.tokens + 0.7 * alignment_loss(w, batch.gold, src_mask, tgt_mask)
 
-    grads = jax.grad(objective)(params)
+    grads = jax.jit(jax.grad(objective))(params)  # one compiled program, not op-by-op dispatch
     norm = float(jnp.sqrt(sum(jnp.sum(g.astype(jnp.float32) ** 2) for g in jax.tree.leaves(grads))))
     assert_close_f32(float(m1.grad_norm), norm, reduction=64)
     assert abs(float(m1.grad_norm) - float(m0.grad_norm)) > 1e-3 * float(m0.grad_norm)
 
 
+@pytest.mark.heavy  # two trainer runs (~70 s of CPU): make test-all; the train-step test checks the objective
 def test_short_run_loss_falls_and_gold_hit_rises(tmp_path):
     """60 smoke updates: with λ = 2 the alignment loss falls and validation's gold hit beats λ = 0's."""
     hits, logs = {}, {}

@@ -53,7 +53,16 @@ def _loss(graphdef, params, batch, packed):
 
 
 @pytest.mark.numerics
-@pytest.mark.parametrize(("positions", "norm"), [("sinusoidal", "pre"), ("learned", "post"), ("rope", "pre")])
+# One variant in `make test`; the other position kinds (their own embedding path) in `make test-all` (heavy): each
+# case compiles a packed and an unpacked Transformer with gradients, ~20-30 s of CPU.
+@pytest.mark.parametrize(
+    ("positions", "norm"),
+    [
+        ("sinusoidal", "pre"),
+        pytest.param("learned", "post", marks=pytest.mark.heavy),
+        pytest.param("rope", "pre", marks=pytest.mark.heavy),
+    ],
+)
 def test_packed_row_equals_each_pair_alone(positions, norm):
     graphdef, params = _model(positions, norm)
     corpus = _fake(LENGTHS, seed=5)
