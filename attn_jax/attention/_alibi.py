@@ -13,7 +13,7 @@ import math
 import jax.numpy as jnp
 import numpy as np
 
-from attn_jax.attention._checks import check_min_rank, shape_str
+from attn_jax.attention._checks import position_offsets, shape_str
 from attn_jax.typing import Array, Float, Int
 
 
@@ -73,11 +73,5 @@ def alibi_bias(
     slopes = jnp.asarray(slopes, jnp.float32)
     if slopes.ndim != 1:
         raise ValueError(f"slopes must be [H], got shape {shape_str(slopes)}")
-    for name, x in (("query_positions", query_positions), ("key_positions", key_positions)):
-        check_min_rank(name, x, 1)
-        if not jnp.issubdtype(jnp.asarray(x).dtype, jnp.integer):
-            raise ValueError(f"{name} must be integer positions, got dtype {jnp.asarray(x).dtype}")
-    q = jnp.asarray(query_positions)[..., :, None]
-    k = jnp.asarray(key_positions)[..., None, :]
-    distance = jnp.abs(k - q).astype(jnp.float32)  # [..., T, S], exact integers
+    distance = jnp.abs(position_offsets(query_positions, key_positions)).astype(jnp.float32)  # [..., T, S]
     return -slopes[:, None, None] * distance[..., None, :, :]

@@ -87,3 +87,13 @@ def check_floating(name: str, x) -> None:
     """Raise unless ``x`` has a floating dtype."""
     if not jnp.issubdtype(jnp.asarray(x).dtype, jnp.floating):
         raise ValueError(f"{name} must be floating point, got dtype {jnp.asarray(x).dtype}")
+
+
+def position_offsets(query_positions, key_positions) -> jnp.ndarray:
+    """``key - query`` for every pair, ``[..., T, S]``, from integer positions ``[..., T]`` and ``[..., S]``
+    (checked: rank >= 1, an integer dtype); the distances ALiBi and relative positions are built from."""
+    for name, x in (("query_positions", query_positions), ("key_positions", key_positions)):
+        check_min_rank(name, x, 1)
+        if not jnp.issubdtype(jnp.asarray(x).dtype, jnp.integer):
+            raise ValueError(f"{name} must be integer positions, got dtype {jnp.asarray(x).dtype}")
+    return jnp.asarray(key_positions)[..., None, :] - jnp.asarray(query_positions)[..., :, None]

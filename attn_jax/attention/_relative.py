@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from attn_jax.attention._checks import check_min_rank, shape_str
+from attn_jax.attention._checks import check_min_rank, position_offsets, shape_str
 from attn_jax.attention._dot_product import dot_product_attention
 from attn_jax.typing import Array, Bool, Float, Int, PRNGKeyArray
 
@@ -52,13 +52,8 @@ def relative_position_index(
            [0, 0, 1, 2]], dtype=int32)
     """
     _check_distance(max_distance)
-    for name, x in (("query_positions", query_positions), ("key_positions", key_positions)):
-        check_min_rank(name, x, 1)
-        if not jnp.issubdtype(jnp.asarray(x).dtype, jnp.integer):
-            raise ValueError(f"{name} must be integer positions, got dtype {jnp.asarray(x).dtype}")
-    q = jnp.asarray(query_positions)[..., :, None]
-    k = jnp.asarray(key_positions)[..., None, :]
-    return (jnp.clip(k - q, -max_distance, max_distance) + max_distance).astype(jnp.int32)
+    offsets = position_offsets(query_positions, key_positions)  # [..., T, S]
+    return (jnp.clip(offsets, -max_distance, max_distance) + max_distance).astype(jnp.int32)
 
 
 def init_relative_embeddings(

@@ -190,7 +190,7 @@ def study_markdown(runs: list[dict], command: str) -> tuple[str, dict]:
             + " | ".join("—" if v is None else _fmt(h, v) for h, v in zip(head, vals, strict=True))
             + " | "
             + " | ".join("yes" if held.get(n) else "**no**" for n in names)
-            + f" | {'yes' if _strict(r['systems']) else 'no'} |"
+            + f" | {'yes' if fd.meets_first_study_bar(r['systems'].get('RNNsearch', {})) else 'no'} |"
         )
     keys = sorted({k for r in runs for k in r["headline"]})
     ranges = {k: fd.summarize([r["headline"][k] for r in runs if k in r["headline"]]) for k in keys}
@@ -205,20 +205,13 @@ def study_markdown(runs: list[dict], command: str) -> tuple[str, dict]:
     for n in names:
         k = sum(1 for held in helds if held.get(n))
         md.append(f"| {n} | {k} of {len(runs)} |")
-    k = sum(1 for r in runs if _strict(r["systems"]))
+    k = sum(1 for r in runs if fd.meets_first_study_bar(r["systems"].get("RNNsearch", {})))
     md.append(
         f"| the same, at the first study's bar (gold hit >= {fd.STRICT_GOLD_HIT_MIN:.0%}, AER within the training "
         f"lengths <= {fd.STRICT_AER_MAX:.0%}) | {k} of {len(runs)} |"
     )
     md += ["", f"Command: `{command}`"]
     return "\n".join(md) + "\n", ranges
-
-
-def _strict(systems: dict) -> bool:
-    """Finding 3 at the first seed study's bar (``findings.STRICT_*``), reported beside the finding."""
-    att = systems.get("RNNsearch", {})
-    hit, aer = att.get("gold_hit"), att.get("aer_within")
-    return hit is not None and aer is not None and hit >= fd.STRICT_GOLD_HIT_MIN and aer <= fd.STRICT_AER_MAX
 
 
 def _recipes(runs: list[dict]) -> dict[str, dict]:
