@@ -32,10 +32,15 @@ d_model 32, d_ff 64) on 300 generated pairs of the built-in corpus with word voc
 needed), 30 updates.
 """
 
+import dataclasses
+
+from attn_jax.models import transformer_base_config
 from attn_jax.train import default_config, smoke_config
 
+# The paper's architecture is the library's own preset; the vocabulary sizes come from the built vocabularies.
+PAPER_MODEL = dataclasses.asdict(transformer_base_config(src_vocab=1, tgt_vocab=1))
+D_MODEL, WARMUP = PAPER_MODEL["d_model"], 4000
 # The paper's schedule d^-0.5 · min(step^-0.5, step · warmup^-1.5) peaks at step = warmup with this rate.
-D_MODEL, WARMUP = 512, 4000
 PEAK_LEARNING_RATE = D_MODEL**-0.5 * WARMUP**-0.5
 
 
@@ -48,18 +53,8 @@ def get_config(arg: str | None = None):
     c.checkpoint_every = 1_000
     c.keep_checkpoints = 5
     c.label_smoothing = 0.1
-    c.model.update(
-        d_model=D_MODEL,
-        heads=8,
-        d_ff=2048,
-        encoder_layers=6,
-        decoder_layers=6,
-        dropout=0.1,
-        norm="post",
-        positions="sinusoidal",
-        max_length=256,
-        share_embeddings="decoder",
-    )
+    c.model.update({k: v for k, v in PAPER_MODEL.items() if k in c.model and not k.endswith("vocab")})
+    c.model.max_length = 256
     c.optimizer.update(
         name="adam",
         learning_rate=PEAK_LEARNING_RATE,
