@@ -272,11 +272,14 @@ def main(argv=None) -> int:
                     "threads": sorted({r["threads"] for r in runs}),
                     "recipes": _recipes(runs),
                     "ranges": ranges,
-                    "findings_held": {
-                        f["name"]: sum(
-                            1 for r in runs for g in r["findings"] if g["name"] == f["name"] and g["holds"]
+                    "findings_held": {  # recomputed with this findings.py, as in the table
+                        f.name: sum(
+                            1
+                            for r in runs
+                            for g in fd.check_findings(r["systems"])
+                            if g.name == f.name and g.holds
                         )
-                        for f in runs[0]["findings"]
+                        for f in fd.check_findings(runs[0]["systems"])
                     },
                 },
                 f,
