@@ -24,6 +24,8 @@ PYTEST_ARGS ?= -n auto --dist loadfile -m "not heavy" --durations=25
 # user's machine. XLA_FLAGS replaces tests/conftest.py's defaults, so it repeats them. x86-64 only (the names are x86
 # ISAs). NUMERICS_ISAS lists the ISAs, one pass each: "AVX2 SSE4_2" adds 4-lane code without FMA, whose bits differ
 # from the default even where AVX2's do not (on this project's Intel machine AVX2 reproduces the default bits).
+# This pass also leaves out tests/conftest.py's --xla_cpu_use_fusion_emitters=false (faster compilation, the older
+# LLVM IR fusion emitters): the numerics tests run here on the MLIR fusion emitters that users' XLA uses by default.
 # Cost and findings: tests/README.md.
 NUMERICS_ISAS ?= AVX2
 NUMERICS_XLA_FLAGS ?= --xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0

@@ -21,6 +21,7 @@ import pytest
 from attn_jax.cli import main
 from attn_jax.parallel import cluster_environment, initialize
 from attn_jax.train import load_checkpoint, read_metrics
+from tests.conftest import TEST_XLA_FLAGS
 
 CONFIGS = pathlib.Path(__file__).resolve().parents[1] / "configs"
 ARGS = [
@@ -52,7 +53,7 @@ def _free_port() -> int:
 def _env(devices: int, cache: pathlib.Path | None = None) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_COMPILATION_CACHE")}
     env.update(
-        XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
+        XLA_FLAGS=f"--xla_force_host_platform_device_count={devices} {TEST_XLA_FLAGS}",
         JAX_PLATFORMS="cpu",
         PYTHONUNBUFFERED="1",
     )

@@ -18,6 +18,7 @@ import time
 import pytest
 
 from attn_jax.parallel import DistributedError, initialize
+from tests.conftest import TEST_XLA_FLAGS
 
 CONFIGS = pathlib.Path(__file__).resolve().parents[1] / "configs"
 TRAIN = [
@@ -44,7 +45,7 @@ def _free_port() -> int:
 def _start(tmp_path, port: int, process_id: int, *extra: str) -> subprocess.Popen:
     env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_COMPILATION_CACHE")}
     env.update(
-        XLA_FLAGS="--xla_force_host_platform_device_count=1 --xla_backend_optimization_level=0",
+        XLA_FLAGS=f"--xla_force_host_platform_device_count=1 {TEST_XLA_FLAGS}",
         JAX_PLATFORMS="cpu",
         PYTHONUNBUFFERED="1",
     )

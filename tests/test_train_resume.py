@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 from attn_jax.train import load_checkpoint, read_metrics
+from tests.conftest import TEST_XLA_FLAGS
 
 CONFIGS = pathlib.Path(__file__).resolve().parents[1] / "configs"
 STEPS = 50
@@ -45,7 +46,7 @@ def _command(workdir, *extra):
 def _env(cache):
     env = dict(os.environ)
     env.update(
-        XLA_FLAGS="--xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0",
+        XLA_FLAGS=f"--xla_force_host_platform_device_count=8 {TEST_XLA_FLAGS}",
         JAX_PLATFORMS="cpu",
         JAX_COMPILATION_CACHE_DIR=str(cache),
         JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
