@@ -1,7 +1,7 @@
 """ALiBi (Press et al. 2022) and Shaw et al. (2018) relative positions: float64 references, gradients, errors.
 
 The model-level checks (the Transformer against its float64 reference, causality, cached decoding == teacher
-forcing, beam search) run as the ``post-alibi-tied`` and ``pre-relative-untied`` variants of
+forcing, beam search) run as the ``post-alibi-tied`` and ``pre-relative-gqa-untied`` variants of
 tests/test_transformer.py.
 
 Distinct sizes: B=3, H=4, G=2, T=5, S=7, K=6, k=2 (< S - 1, so the clipping matters).

@@ -53,10 +53,12 @@ VARIANTS = {
     "post-sinusoidal-untied": dict(norm="post", positions="sinusoidal", share_embeddings="none"),
     "pre-learned-tied": dict(norm="pre", positions="learned", share_embeddings="decoder"),
     "pre-rope-shared": dict(norm="pre", positions="rope", share_embeddings="all"),
-    # Press et al. 2022 and Shaw et al. 2018; k = 2 < T - 1 so the clipping is exercised
+    # Press et al. 2022 and Shaw et al. 2018; k = 2 < T - 1 so the clipping is exercised. The relative variant
+    # also has grouped-query attention (2 key/value heads for 4 query heads, Ainslie et al. 2023): the relative
+    # tables and the shared key/value heads meet in relative_attention and in the KV cache.
     "post-alibi-tied": dict(norm="post", positions="alibi", share_embeddings="decoder"),
-    "pre-relative-untied": dict(
-        norm="pre", positions="relative", share_embeddings="none", max_relative_positions=2
+    "pre-relative-gqa-untied": dict(
+        norm="pre", positions="relative", share_embeddings="none", max_relative_positions=2, num_kv_heads=2
     ),
 }
 
@@ -200,7 +202,9 @@ def model_params(name):
 @functools.cache
 def reference(name):
     compiled, batch, _, _ = variant(name)
-    opts = VARIANTS[name]
+    opts = {
+        k: v for k, v in VARIANTS[name].items() if k != "num_kv_heads"
+    }  # the reference reads G from the kernels
     return transformer_ref(pure_params(compiled.model), *batch, **opts)
 
 
@@ -334,7 +338,8 @@ def test_cached_decoding_equals_full_recomputation(name):
     assert_close_f32((step_logits, step_attn), (logits, attn), reduction=MODEL_REDUCTION)
     assert isinstance(state, TransformerDecoderState)
     cache = config(name).max_length
-    assert state.keys.shape == (B, SIZES["decoder_layers"], H, cache, K)
+    kv_heads = VARIANTS[name].get("num_kv_heads", H)  # grouped-query attention caches G heads, not H
+    assert state.keys.shape == (B, SIZES["decoder_layers"], kv_heads, cache, K)
     np.testing.assert_array_equal(state.position, T)
     # The slots after the last decoded position were never written.
     np.testing.assert_array_equal(state.keys[:, :, :, T:], 0.0)
@@ -570,7 +575,7 @@ def test_dropout_masks_and_scaling(key):
 
 
 @pytest.mark.slow  # two beam-search compilations: ~20 s of CPU
-@pytest.mark.parametrize("name", ["pre-rope-shared", "post-alibi-tied", "pre-relative-untied"])
+@pytest.mark.parametrize("name", ["pre-rope-shared", "post-alibi-tied", "pre-relative-gqa-untied"])
 def test_beam_search_works_unchanged_and_beam_one_is_greedy(name):
     compiled, batch, _, _ = variant(name)
     model = nnx.merge(compiled.graphdef, compiled.state)

@@ -65,6 +65,9 @@ def rope_vec_ref(x, pos, base=10000.0):
 def mha_ref(p, xq, xkv, allowed, rope=False, normalizer="softmax", alibi=False, relative=None):
     """Multi-head attention with explicit loops: ``(out [Tq, D], weights [H, Tq, Tk])``.
 
+    Key and value kernels ``[D, G, K]`` with ``G < H`` (grouped-query attention) give head ``h`` the key/value
+    head ``h // (H / G)``.
+
     ``head_h = softmax(q_h k_hᵀ / √K) v_h`` for each head ``h`` alone (RoPE on ``q_h``/``k_h`` at their
     positions when ``rope``), then ``Σ_h head_h W^O_h + b^O`` — the concatenation times ``W^O``, written as a sum
     over the heads' row blocks. ``allowed(i, j)`` says whether query ``i`` may attend key ``j``; ``normalizer``
@@ -74,6 +77,9 @@ def mha_ref(p, xq, xkv, allowed, rope=False, normalizer="softmax", alibi=False, 
     """
     row_ref = softmax_row_ref if normalizer == "softmax" else ROW_REFS[normalizer]
     _, h_count, k_width = p["query"]["kernel"].shape
+    per_group = (
+        h_count // p["key"]["kernel"].shape[1]
+    )  # grouped-query attention: query head h reads kv head h // per_group
     tq, tk = len(xq), len(xkv)
     out = np.zeros((tq, p["out"]["kernel"].shape[-1]))
     weights = np.zeros((h_count, tq, tk))
@@ -81,7 +87,8 @@ def mha_ref(p, xq, xkv, allowed, rope=False, normalizer="softmax", alibi=False, 
     for h in range(h_count):
 
         def proj(name, x, h=h):
-            return x @ p[name]["kernel"][:, h, :] + p[name]["bias"][h]
+            g = h if name == "query" else h // per_group
+            return x @ p[name]["kernel"][:, g, :] + p[name]["bias"][g]
 
         q = [proj("query", xq[i]) for i in range(tq)]
         k = [proj("key", xkv[j]) for j in range(tk)]
