@@ -412,6 +412,16 @@ def test_transformer_matches_float64_reference_and_cached_decoding(name):
     real = np.broadcast_to(np.asarray(src_mask)[:, None, None, None, :], cross.shape)
     assert np.all(cross[~real] == 0.0)  # padded source words: exactly 0
     assert np.any(cross[real] == 0.0)  # real source words ignored outright
+    # The trainer's diagnostics read the returned attention, the last layer's mean over heads: its exact zeros are
+    # the real cells every head of that layer ignores, and attn_zero_share counts exactly those.
+    from attn_jax.train import attention_stats, summarize_attention
+
+    _, returned = nnx.jit(lambda m, *a: m(*a))(model, src, src_mask, tgt_in)
+    ignored = np.all(cross[:, -1] == 0.0, axis=1) & real[:, -1, 0]  # [B, T, S]
+    np.testing.assert_array_equal(np.asarray(returned) == 0.0, ignored | ~real[:, -1, 0])
+    tgt_mask = jnp.ones(tgt_in.shape, bool)
+    share = summarize_attention(attention_stats(returned, src_mask, tgt_mask))["attn_zero_share"]
+    assert share == pytest.approx(ignored.sum() / real[:, -1, 0].sum()) and share > 0, share
     # one position at a time from the key/value cache == teacher forcing
     enc = model.encode(src, src_mask)
     state = model.init_decoder_state(enc)
