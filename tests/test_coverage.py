@@ -17,6 +17,7 @@ from attn_jax.train import (
     ConfigError,
     OptimizerConfig,
     StepConfig,
+    TrainState,
     apply_overrides,
     check_config,
     coverage_loss,
@@ -24,7 +25,9 @@ from attn_jax.train import (
     eval_step,
     evaluate,
     loss_sums,
+    make_optimizer,
     model_config,
+    train_step,
 )
 from tests.reference.coverage import coverage_loss_grad_ref, coverage_loss_ref
 from tests.reference.rnn import rnnsearch_ref
@@ -371,6 +374,51 @@ def test_train_objective_adds_lambda_times_the_coverage_loss():
     assert "coverage_loss" not in evaluate(params, [batch], StepConfig(model=model, optimizer=optimizer))
 
 
+def test_coverage_start_step_adds_the_loss_from_that_update_on():
+    """Before ``coverage_start_step`` updates an update is the λ = 0 update; from it on, the λ one (See et al. 2017
+    add the coverage loss for a final phase). Different programs (a where on the step against a static weight):
+    float32 rounding apart."""
+    from attn_jax.data import Batch
+
+    sizes = ["model.embed=5", "model.hidden=8", "model.maxout=6", "model.align=12", "model.coverage=true"]
+    model = model_config(apply_overrides(default_config(), sizes), src_vocab=20, tgt_vocab=24)
+    rng = np.random.default_rng(1)
+    abstract = nnx.eval_shape(lambda: build_model(model, rngs=nnx.Rngs(0)))
+    shapes = nnx.to_pure_dict(nnx.state(abstract, nnx.Param))
+    params = jax.tree.map(lambda s: rng.normal(0.0, 0.5, s.shape).astype(np.float32), shapes)
+    src_len, tgt_len = np.array([7, 4, 1], np.int32), np.array([5, 3, 2], np.int32)
+    src_mask, tgt_mask = np.arange(S) < src_len[:, None], np.arange(T) < tgt_len[:, None]
+    batch = Batch(
+        src=np.where(src_mask, rng.integers(3, 20, (B, S)), 0).astype(np.int32),
+        src_len=src_len,
+        tgt_in=np.where(tgt_mask, rng.integers(3, 24, (B, T)), 0).astype(np.int32),
+        tgt_out=np.where(tgt_mask, rng.integers(3, 24, (B, T)), 0).astype(np.int32),
+        tgt_len=tgt_len,
+        example_id=np.arange(B, dtype=np.int32),
+    )
+    optimizer = OptimizerConfig(name="adam", learning_rate=0.01)
+
+    def update(step, **options):
+        cfg = StepConfig(model=model, optimizer=optimizer, **options)
+        state = TrainState(
+            step=np.int32(step),
+            params=jax.tree.map(jnp.asarray, params),
+            opt_state=make_optimizer(optimizer).init(jax.tree.map(jnp.asarray, params)),
+            rng=np.asarray(jax.random.key_data(jax.random.key(0))),
+        )
+        new, metrics = train_step(state, batch, cfg)
+        return float(metrics.grad_norm), new.params
+
+    late = dict(lambda_coverage=0.7, coverage_start_step=3)
+    plain_norm, plain_params = update(2)
+    full_norm, full_params = update(3, lambda_coverage=0.7)
+    assert abs(full_norm - plain_norm) > 1e-3 * plain_norm  # the loss changes the update: the test can fail
+    for step, (norm, new_params) in ((2, (plain_norm, plain_params)), (3, (full_norm, full_params))):
+        late_norm, late_params = update(step, **late)
+        assert_close_f32(late_norm, norm, reduction=64)
+        assert_close_f32(late_params, new_params, reduction=64)
+
+
 def test_config_errors_name_the_key():
     base = ["model.embed=5", "model.hidden=8", "model.maxout=6", "model.align=12"]
     cases = [
@@ -379,6 +427,12 @@ def test_config_errors_name_the_key():
         (["model.coverage=true", "lambda_coverage=nan"], "lambda_coverage must be a finite number >= 0"),
         (["model.coverage=true", "model.scorer=dot"], "coverage feeds the additive scorer"),
         (["model.coverage=true", "model.arch=rnnenc"], "coverage feeds the additive scorer"),
+        (["model.coverage=true", "coverage_start_step=5"], "coverage_start_step=5 needs lambda_coverage > 0"),
+        (["model.coverage=true", "lambda_coverage=1.0", "coverage_start_step=-1"], "must be an int >= 0"),
+        (
+            ["model.coverage=true", "lambda_coverage=1.0", "num_train_steps=100", "coverage_start_step=100"],
+            "coverage_start_step=100 is not below num_train_steps=100",
+        ),
     ]
     for overrides, message in cases:
         with pytest.raises(ConfigError, match=message) as info:

@@ -18,6 +18,9 @@ NLL per token; ``async_checkpoints`` (True) — orbax writes in the background.
 ``label_smoothing`` (0.0) — ``ε`` of the training loss.
 ``lambda_coverage`` (0.0) — ``λ`` of the coverage loss ``Σ_j min(α_tj, c_tj)`` (See et al. 2017; OpenNMT-py's
 ``lambda_coverage``) added to the training loss and reported as ``coverage_loss``; needs ``model.coverage``.
+``coverage_start_step`` (0) — the coverage loss joins the training updates only after this many updates (See et
+al. 2017 train without it, then add it for a final phase; from the first update the demo's attention never
+locks on: experiments/coverage/README.md); validation always includes it. Needs ``lambda_coverage`` > 0.
 ``lambda_align`` (0.0) — weight of the guided-alignment loss (Chen et al. 2016; Garg et al. 2019;
 :mod:`attn_jax.train._align`): the cross-entropy between each aligned target word's gold links (normalised to
 sum 1) and the attention weights the model returns (RNNsearch's attention, GNMT's, the Transformer's last
@@ -209,6 +212,7 @@ def default_config(arch: str = "rnnsearch") -> ml_collections.ConfigDict:
     c.tensorboard = True
     c.label_smoothing = 0.0
     c.lambda_coverage = 0.0
+    c.coverage_start_step = 0
     c.lambda_align = 0.0
     c.mixed_precision = False
     c.model = model_defaults(arch)
@@ -550,6 +554,18 @@ def check_config(config: ml_collections.ConfigDict) -> None:
         raise ConfigError(
             f"lambda_coverage={config.lambda_coverage} needs model.coverage=True (the coverage loss trains the "
             "coverage model; OpenNMT-py's lambda_coverage likewise needs coverage_attn)"
+        )
+    start = config.get("coverage_start_step", 0)
+    if not isinstance(start, int) or start < 0:
+        raise ConfigError(f"coverage_start_step must be an int >= 0, got {start!r}")
+    if start > 0 and config.lambda_coverage == 0:
+        raise ConfigError(
+            f"coverage_start_step={start} needs lambda_coverage > 0 (it says when the coverage loss starts)"
+        )
+    if start >= config.num_train_steps > 0:
+        raise ConfigError(
+            f"coverage_start_step={start} is not below num_train_steps={config.num_train_steps}: "
+            "the coverage loss would never be trained"
         )
     _check_alignment(config)
     d = config.data

@@ -601,6 +601,7 @@ def train_and_evaluate(
             optimizer=optimizer_config(config),
             label_smoothing=config.label_smoothing,
             lambda_coverage=config.lambda_coverage,
+            coverage_start_step=config.get("coverage_start_step", 0),
             lambda_align=config.lambda_align,
         )
         place.bind(step_cfg)

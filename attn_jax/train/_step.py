@@ -54,6 +54,9 @@ class StepConfig:
       label_smoothing: ``ε`` of the training loss (validation reports it too, and always the plain NLL).
       lambda_coverage: ``λ`` of the coverage loss (See et al. 2017) added to the token-level loss sum; 0 adds
         nothing and computes nothing.
+      coverage_start_step: with ``lambda_coverage > 0``, the training updates add the coverage loss only once
+        ``state.step >= coverage_start_step`` updates have been applied (See et al. 2017 add it for a final phase
+        of training); before that its weight is 0. Evaluation always includes it. 0: from the first update.
       lambda_align: weight of the guided-alignment loss (:mod:`attn_jax.train._align`); needs batches with
         ``gold``. At 0 the term is not part of the compiled step.
     """
@@ -62,6 +65,7 @@ class StepConfig:
     optimizer: OptimizerConfig = OptimizerConfig()
     label_smoothing: float = 0.0
     lambda_coverage: float = 0.0
+    coverage_start_step: int = 0
     lambda_align: float = 0.0
 
 
@@ -155,8 +159,17 @@ def _masks(batch: Batch) -> tuple[jax.Array, jax.Array]:
     return src_mask, tgt_mask
 
 
-def _forward(config: StepConfig, params: dict, batch: Batch, dropout_rng: jax.Array | None = None):
-    """``(loss sums, coverage-loss sum or None, attention weights, src_mask, tgt_mask)`` of ``batch``."""
+def _forward(
+    config: StepConfig,
+    params: dict,
+    batch: Batch,
+    dropout_rng: jax.Array | None = None,
+    step: jax.Array | None = None,
+):
+    """``(loss sums, coverage-loss sum or None, attention weights, src_mask, tgt_mask)`` of ``batch``.
+
+    ``step``: the training state's update count (``None`` in evaluation), read only by ``coverage_start_step``.
+    """
     src_mask, tgt_mask = _masks(batch)
     kwargs = {} if dropout_rng is None else {"dropout_rng": dropout_rng}
     if batch.src_segments is not None:  # packed rows (data.pack): a static pytree difference, its own trace
@@ -175,7 +188,10 @@ def _forward(config: StepConfig, params: dict, batch: Batch, dropout_rng: jax.Ar
         if weights is None:
             raise ValueError("lambda_coverage > 0 needs a model with attention weights")
         coverage = jnp.sum(coverage_loss(weights, tgt_mask))
-        sums = sums._replace(loss=sums.loss + config.lambda_coverage * coverage)
+        weight = config.lambda_coverage
+        if config.coverage_start_step > 0 and step is not None:  # static: a training run with a late start
+            weight = jnp.where(step >= config.coverage_start_step, weight, 0.0)
+        sums = sums._replace(loss=sums.loss + weight * coverage)
     return sums, coverage, weights, src_mask, tgt_mask
 
 
@@ -197,7 +213,7 @@ def train_step(state: TrainState, batch: Batch, config: StepConfig) -> tuple[Tra
         dropout_rng = jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step)
 
     def objective(params):
-        sums, coverage, weights, src_mask, tgt_mask = _forward(config, params, batch, dropout_rng)
+        sums, coverage, weights, src_mask, tgt_mask = _forward(config, params, batch, dropout_rng, state.step)
         value = sums.loss / jnp.maximum(sums.tokens, 1.0)
         if config.lambda_align == 0.0:  # not in the graph at all: the default run computes exactly as before
             return value, (sums, coverage, None)

@@ -142,10 +142,12 @@ def table(records: list[dict]) -> str:
         "| variant | seeds | " + " | ".join(c[1] for c in cols) + " |",
         "|---|---|" + "---|" * len(cols),
     ]
-    for variant in ("baseline", "coverage"):
-        rs = [r for r in records if r["variant"] == variant]
-        if not rs:
-            continue
+    # one row per (variant, lambda_coverage): results.jsonl files of several --lam runs can be concatenated
+    groups = sorted(
+        {(r["variant"], r["lambda_coverage"]) for r in records}, key=lambda g: (g[0] != "baseline", g[1])
+    )
+    for variant, lam in groups:
+        rs = [r for r in records if (r["variant"], r["lambda_coverage"]) == (variant, lam)]
         cells = []
         for key, _, scale in cols:
             xs = [r[key] * scale for r in rs if r.get(key) is not None]
@@ -156,7 +158,8 @@ def table(records: list[dict]) -> str:
             else:
                 cells.append(f"{statistics.mean(xs):.2f} ± {statistics.stdev(xs):.2f}")
         seeds = ",".join(str(r["seed"]) for r in rs)
-        lines.append(f"| {variant} | {seeds} | " + " | ".join(cells) + " |")
+        name = variant if variant == "baseline" else f"{variant}, λ = {lam:g}"
+        lines.append(f"| {name} | {seeds} | " + " | ".join(cells) + " |")
     refs = [r for r in records if r["long_pairs"]]
     if refs:
         lines.append(
