@@ -80,6 +80,8 @@ def run_one(args, variant: str, seed: int) -> dict:
     ]
     if variant == "coverage":
         overrides += ["model.coverage=true", f"lambda_coverage={args.lam}"]
+        if args.coverage_start:
+            overrides.append(f"coverage_start_step={args.coverage_start}")
     spec = os.path.join(REPO, "configs", "rnnsearch_cpu.py") + (":smoke" if args.smoke else "")
     config = apply_overrides(load_config(spec), overrides)
     workdir = os.path.join(args.out, f"{variant}_s{seed}")
@@ -102,6 +104,7 @@ def run_one(args, variant: str, seed: int) -> dict:
         "seed": seed,
         "steps": args.steps,
         "lambda_coverage": args.lam if variant == "coverage" else 0.0,
+        "coverage_start_step": args.coverage_start if variant == "coverage" else 0,
         "beam": args.beam,
         "pairs": len(sources),
         "long_pairs": len(long),
@@ -142,12 +145,14 @@ def table(records: list[dict]) -> str:
         "| variant | seeds | " + " | ".join(c[1] for c in cols) + " |",
         "|---|---|" + "---|" * len(cols),
     ]
-    # one row per (variant, lambda_coverage): results.jsonl files of several --lam runs can be concatenated
-    groups = sorted(
-        {(r["variant"], r["lambda_coverage"]) for r in records}, key=lambda g: (g[0] != "baseline", g[1])
-    )
-    for variant, lam in groups:
-        rs = [r for r in records if (r["variant"], r["lambda_coverage"]) == (variant, lam)]
+
+    # one row per (variant, lambda_coverage, coverage_start_step): several studies' results.jsonl concatenated
+    def group_of(r):
+        return r["variant"], r["lambda_coverage"], r.get("coverage_start_step", 0)
+
+    groups = sorted({group_of(r) for r in records}, key=lambda g: (g[0] != "baseline", g[1], g[2]))
+    for variant, lam, start in groups:
+        rs = [r for r in records if group_of(r) == (variant, lam, start)]
         cells = []
         for key, _, scale in cols:
             xs = [r[key] * scale for r in rs if r.get(key) is not None]
@@ -159,6 +164,8 @@ def table(records: list[dict]) -> str:
                 cells.append(f"{statistics.mean(xs):.2f} ± {statistics.stdev(xs):.2f}")
         seeds = ",".join(str(r["seed"]) for r in rs)
         name = variant if variant == "baseline" else f"{variant}, λ = {lam:g}"
+        if start:
+            name += f" from update {start}"
         lines.append(f"| {name} | {seeds} | " + " | ".join(cells) + " |")
     refs = [r for r in records if r["long_pairs"]]
     if refs:
@@ -177,6 +184,12 @@ def main(argv=None) -> None:
     p.add_argument("--variants", default="baseline,coverage")
     p.add_argument("--steps", type=int, default=400, help="updates per run (the demo: 1500)")
     p.add_argument("--lam", type=float, default=1.0, help="lambda_coverage of the coverage variant")
+    p.add_argument(
+        "--coverage-start",
+        type=int,
+        default=0,
+        help="coverage_start_step of the coverage variant: the loss joins after this many updates (See et al.)",
+    )
     p.add_argument("--beam", type=int, default=4)
     p.add_argument("--max-examples", type=int, default=140)
     p.add_argument("--table", action="store_true", help="print the table of results.jsonl and exit")
