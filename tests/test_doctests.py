@@ -19,6 +19,7 @@ MODULES = [
     "attn_jax.attention._chunked",
     "attn_jax.attention._padding",
     "attn_jax.attention._fused_additive",
+    "attn_jax.attention._copy",
     "attn_jax.models.interface",
     "attn_jax.models.transformer",
     "attn_jax.nn.lstm",

@@ -65,6 +65,7 @@ def _mask_takers(rng):
     intra = init_intra_params(jax.random.key(4), D, 4, 3)
     x_gru, x_lstm = gru_input_projection(gru, q), lstm_input_projection(lstm, q)
     gru_mod = GRUCell(D, 4, rngs=rngs)
+    src_ids = jnp.arange(S) % 3 + D  # [S]: extended ids of three out-of-vocabulary words (vocabulary D)
     pair = lambda m: m  # noqa: E731  [B, T, S]-broadcastable masks
     keys_only = lambda m: m[..., 0, :]  # noqa: E731  [B, S] masks (one decoder step)
     steps = lambda m: m[..., 0, :T]  # noqa: E731  [B, T] padding masks of the recurrences
@@ -93,6 +94,14 @@ def _mask_takers(rng):
             lambda m: attn_jax.additive_attention_step(add, q[:, 0], pk, v, m),
         ),
         ("luong_attention", pair, lambda m: attn_jax.luong_attention(scores, v, m)),
+        ("copy_mass", pair, lambda m: attn_jax.copy_mass(jax.nn.softmax(scores), src_ids, D + 3, m)),
+        (
+            "pointer_generator_log_probs",
+            pair,
+            lambda m: attn_jax.pointer_generator_log_probs(
+                q, jax.nn.softmax(scores), src_ids, scores[..., 0], D + 3, m
+            ),
+        ),
         (
             "local_attention",
             pair,

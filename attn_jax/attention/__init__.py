@@ -1,5 +1,5 @@
 """Pure-JAX attention: scorers, masked softmax (or sparsemax, 1.5-entmax), dot-product and multi-head attention,
-masks, positions.
+masks, positions, the pointer-generator copy mixture.
 
 No Flax in here: parameters are plain pytrees (dicts of arrays), every function is jit-, vmap- and grad-able and
 accepts any number of leading batch axes ``[..., T, D]``. The numerics policy is written in ``_softmax.py``.
@@ -14,6 +14,7 @@ from attn_jax.attention._additive import (
 )
 from attn_jax.attention._alibi import alibi_bias, alibi_slopes
 from attn_jax.attention._chunked import chunked_dot_product_attention
+from attn_jax.attention._copy import copy_mass, pointer_generator_log_probs
 from attn_jax.attention._dot_product import (
     dot_product_attention,
     dot_product_implementation,
@@ -140,6 +141,9 @@ __all__ = [
     "init_relative_embeddings",
     "relative_attention",
     "relative_position_index",
+    # copying source words (See et al. 2017 pointer-generator)
+    "copy_mass",
+    "pointer_generator_log_probs",
     # softmax and the source-axis check
     "assert_valid_attention_weights",
     "attend",
