@@ -32,6 +32,7 @@ MODULES = [
     "attn_jax.train._align",
     "attn_jax.train._tensorboard",
     "attn_jax.data._corpus",
+    "attn_jax.data._copy",
     "attn_jax.pipeline._attention",
 ]
 

@@ -33,6 +33,7 @@ from attn_jax.data._batching import (
     pack_pairs,
     parse_alignment,
 )
+from attn_jax.data._copy import extend_with_source
 from attn_jax.data._corpus import (
     VALIDATION_NAMES,
     CorpusError,
@@ -107,6 +108,7 @@ __all__ = [
     "assemble_packed_batch",
     "corpus_from_pairs",
     "encode_corpus",
+    "extend_with_source",
     "find_splits",
     "generate_synthetic",
     "length_bucket",

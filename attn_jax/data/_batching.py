@@ -17,6 +17,10 @@ Batch layout (``B`` rows, one padded length ``L`` per bucket, ``S == T == L``)::
     tgt_len   int32 [B]     m + 1 (0 on padding rows)
     example_id int32 [B]    index of the pair in the corpus; -1 on padding rows
     gold      bool [B, T, S] or None   gold[b, j, i]: target word j (tgt_out[:, j]) aligned to source word i
+    src_ext     int32 [B, S] or None  copying only (``encode_corpus(..., copy=True)``): ``src`` in the extended
+                                      target vocabulary (``data.extend_with_source``; ``</s>`` stays ``</s>``)
+    tgt_out_ext int32 [B, T] or None  copying only: ``tgt_out`` with out-of-vocabulary words that occur in the
+                                      source at their extended ids
 
 Padding rows (all <pad>, lengths 0) appear only when ``drop_remainder=False`` fills the last batch of a
 bucket.
@@ -45,6 +49,7 @@ from typing import Any, NamedTuple
 import grain
 import numpy as np
 
+from attn_jax.data._copy import extend_with_source
 from attn_jax.data._corpus import CorpusError, ParallelCorpus
 from attn_jax.data._vocab import BOS_ID, EOS_ID, PAD_ID, Vocabulary
 
@@ -64,6 +69,9 @@ class EncodedCorpus:
       alignments: the corpus' gold alignments when both vocabularies are word-level (positions are word
         positions), else None.
       name: the corpus name.
+      src_ext_tokens: int32 like ``src_tokens``, the source in the extended target vocabulary (copying,
+        ``encode_corpus(..., copy=True)``), else None.
+      tgt_ext_tokens: int32 like ``tgt_tokens``, the target in the extended target vocabulary, else None.
     """
 
     src_tokens: np.ndarray
@@ -72,6 +80,8 @@ class EncodedCorpus:
     tgt_offsets: np.ndarray
     alignments: tuple[str, ...] | None = None
     name: str = ""
+    src_ext_tokens: np.ndarray | None = None
+    tgt_ext_tokens: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.src_offsets) - 1
@@ -106,12 +116,27 @@ def _flat(seqs: Sequence[list[int]]) -> tuple[np.ndarray, np.ndarray]:
 
 
 def encode_corpus(
-    corpus: ParallelCorpus, source_vocab: Vocabulary, target_vocab: Vocabulary
+    corpus: ParallelCorpus, source_vocab: Vocabulary, target_vocab: Vocabulary, *, copy: bool = False
 ) -> EncodedCorpus:
-    """Encode every pair with the given vocabularies (no ``<s>``/``</s>``; the batcher adds them)."""
+    """Encode every pair with the given vocabularies (no ``<s>``/``</s>``; the batcher adds them).
+
+    ``copy=True`` (the pointer-generator, ``model.copy``; word-level vocabularies only) also encodes both sides
+    in the extended target vocabulary of each pair (:func:`attn_jax.data.extend_with_source`), and the batches
+    then carry ``src_ext`` and ``tgt_out_ext``.
+    """
     src_tokens, src_offsets = _flat([source_vocab.encode(s) for s in corpus.sources])
     tgt_tokens, tgt_offsets = _flat([target_vocab.encode(t) for t in corpus.targets])
     word_level = source_vocab.word_level and target_vocab.word_level
+    src_ext = tgt_ext = None
+    if copy:
+        if not word_level:
+            raise ValueError("copy=True needs word-level vocabularies: source token k must be source word k")
+        pairs = [
+            extend_with_source(s, t, target_vocab)
+            for s, t in zip(corpus.sources, corpus.targets, strict=True)
+        ]
+        src_ext, _ = _flat([p[0] for p in pairs])
+        tgt_ext, _ = _flat([p[1] for p in pairs])
     return EncodedCorpus(
         src_tokens,
         src_offsets,
@@ -119,6 +144,8 @@ def encode_corpus(
         tgt_offsets,
         corpus.alignments if word_level else None,
         corpus.name,
+        src_ext,
+        tgt_ext,
     )
 
 
@@ -314,6 +341,8 @@ class Batch(NamedTuple):
     tgt_segments: np.ndarray | None = None
     src_positions: np.ndarray | None = None
     tgt_positions: np.ndarray | None = None
+    src_ext: np.ndarray | None = None  # copying only (see the module docstring)
+    tgt_out_ext: np.ndarray | None = None
 
     @property
     def src_mask(self) -> np.ndarray:
@@ -351,6 +380,9 @@ def assemble_batch(
     src_len = np.zeros(n, np.int32)
     tgt_len = np.zeros(n, np.int32)
     gold = np.zeros((n, length, length), bool) if with_gold else None
+    copy = corpus.src_ext_tokens is not None
+    src_ext = np.full((n, length), PAD_ID, np.int32) if copy else None
+    tgt_out_ext = np.full((n, length), PAD_ID, np.int32) if copy else None
     for b, i in enumerate(rows):
         if i < 0:
             continue
@@ -367,7 +399,19 @@ def assemble_batch(
         if gold is not None:
             for si, tj in parse_alignment(corpus.alignments[i]):
                 gold[b, tj, si] = True
+        if copy:
+            src_ext[b, : len(s)] = corpus.src_ext_tokens[corpus.src_offsets[i] : corpus.src_offsets[i + 1]]
+            if add_source_eos:
+                src_ext[b, len(s)] = EOS_ID  # attending to the source's end copies </s>
+            tgt_out_ext[b, : len(t)] = corpus.tgt_ext_tokens[
+                corpus.tgt_offsets[i] : corpus.tgt_offsets[i + 1]
+            ]
+            tgt_out_ext[b, len(t)] = EOS_ID
     example_id = np.where(np.asarray(rows) < 0, -1, rows).astype(np.int32)
+    if copy:
+        return Batch(
+            src, src_len, tgt_in, tgt_out, tgt_len, example_id, gold, src_ext=src_ext, tgt_out_ext=tgt_out_ext
+        )
     return Batch(src, src_len, tgt_in, tgt_out, tgt_len, example_id, gold)
 
 
@@ -670,6 +714,10 @@ def make_batch_iterator(
         )
     if pack and with_gold:
         raise ValueError("packed batches carry no gold alignments (with_gold=True needs pack=False)")
+    if pack and corpus.src_ext_tokens is not None:
+        raise ValueError(
+            "packed batches carry no extended ids for copying (encode_corpus copy=True needs pack=False)"
+        )
     plan = PackedPlan(corpus, config) if pack else BatchPlan(corpus, config)
     bad = [b for b, _ in plan.shapes if b % process_count]
     if bad:

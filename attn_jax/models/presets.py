@@ -64,6 +64,12 @@ class RNNConfig:
         w_c c_ij + b)`` (Tu et al. 2016; See, Liu & Manning 2017, eq. 11): RNNsearch with ``scorer="additive"``
         or ``"normed_additive"`` only. Off (the default) leaves the model exactly as the paper's. Train it with
         the coverage loss (the trainer's ``lambda_coverage``).
+      copy: the pointer-generator of See, Liu & Manning (2017, eq. 8-9; after Gu et al. 2016's CopyNet):
+        RNNsearch only. A gate ``p_gen = σ(w_hᵀ c_i + w_sᵀ s_{i-1} + w_xᵀ E y_{i-1} + b)`` mixes the output
+        softmax with the attention weights scattered onto the source words, over the target vocabulary extended
+        by each sentence's out-of-vocabulary source words; teacher forcing then takes the source ids in that
+        extended vocabulary (``src_ext``) and returns log-probabilities ``[B, T, V + S]``. Off (the default)
+        leaves the model exactly as the paper's. Decoding a copy model is not implemented yet.
       local_window: ``D``, half-width of the local-p window (Luong: 10).
       attention_init: initialisation of the additive scorer (``scorer="additive"``): ``"fan_in"``
         (fan-in-scaled normals) or ``"paper"`` (appendix B.1: ``W_a, U_a ~ N(0, 0.001²)``, ``v_a = 0``); see
@@ -88,6 +94,7 @@ class RNNConfig:
     input_feeding: bool = False
     intra_attention: bool = False
     coverage: bool = False
+    copy: bool = False
     local_window: int = 10
     attention_init: str = "fan_in"
     normalizer: str = "softmax"
@@ -113,6 +120,12 @@ class RNNConfig:
             raise ValueError(
                 "model config: coverage feeds the additive scorer (arch='rnnsearch', scorer='additive' or "
                 f"'normed_additive'); got arch={self.arch!r}, scorer={self.scorer!r}"
+            )
+        if not isinstance(self.copy, bool):
+            raise ValueError(f"model config: copy must be a bool, got {self.copy!r}")
+        if self.copy and self.arch != "rnnsearch":
+            raise ValueError(
+                f"model config: copy copies source words by attention (arch='rnnsearch'); got {self.arch!r}"
             )
         if self.attention_init not in ("fan_in", "paper"):
             raise ValueError(

@@ -54,6 +54,15 @@ reorders it with the rest of the state), and the additive score becomes ``v_aᵀ
 w_c c_ij + b)``, so a source word that has been attended to can be scored down; the trainer's coverage loss
 (``lambda_coverage``, :func:`attn_jax.train.coverage_loss`) makes re-attending cost. Additive scorers only.
 
+Copy (``copy=True``; off by default, which leaves the model exactly as above). The pointer-generator of See, Liu &
+Manning (2017, eq. 8-9): ``p_gen = σ(w_hᵀ c_i + w_sᵀ s_{i-1} + w_xᵀ E y_{i-1} + b)`` reads the same three
+vectors as the deep output (Bahdanau's readout predicts ``y_i`` from ``s_{i-1}``, where See et al.'s decoder
+reads its new state), and ``P(w) = p_gen P_vocab(w) + (1 − p_gen) Σ_{j: x_j = w} α_ij`` over the target
+vocabulary extended by the sentence's out-of-vocabulary source words
+(:func:`attn_jax.pointer_generator_log_probs`); ``w_h, w_s, w_x ~ N(0, 0.01²)``, ``b = 0``, so ``p_gen`` starts
+near 1/2. Teacher forcing then needs ``src_ext``, the source in that extended vocabulary (``E = V + S``: a
+sentence has at most ``S`` distinct source words), and returns log-probabilities instead of logits.
+
 Where the paper is silent or this code departs from it: biases are kept (GRU, ``b_s``, ``b_o``, output bias;
 the paper omits them from its equations); the deep output reads ``s_{i-1}`` exactly as appendix A.2.2 writes
 it (section 3.1's ``g(y_{i-1}, s_i, c_i)`` would read ``s_i``); the scorers' parameters are initialised by
@@ -68,6 +77,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from attn_jax.attention import _local, _luong
+from attn_jax.attention._copy import pointer_generator_log_probs
 from attn_jax.attention._normalizers import attend_normalized
 from attn_jax.models.interface import EncoderOutput, RNNDecoderState, check_source, check_tokens
 from attn_jax.models.presets import RNNConfig
@@ -148,6 +158,16 @@ class RNNsearch(nnx.Module):
                 params["position"] = _local.init_local_p_params(rngs.params(), n, config.align, pd)
                 names["position"] = {"w_p": ("hidden", "align"), "v_p": ("align",)}
             score = nnx.Dict(wrap(params, names))
+        self.copy_gate = nnx.data(
+            nnx.Dict(
+                w_h=normal_param(rngs.params(), (2 * n,), ("context",), pd),
+                w_s=normal_param(rngs.params(), (n,), ("hidden",), pd),
+                w_x=normal_param(rngs.params(), (m,), ("embed",), pd),
+                b=partitioned(jnp.zeros((), pd), ()),
+            )
+            if config.copy
+            else None
+        )
         self.attention = nnx.data(attention)  # AdditiveAttention or None
         self.score = nnx.data(score)  # general / local-p parameters or None
 
@@ -243,6 +263,8 @@ class RNNsearch(nnx.Module):
         self, enc: EncoderOutput, state: RNNDecoderState, prev_tokens: Int[Array, " B"]
     ) -> tuple[Float[Array, "B V"], RNNDecoderState, Float[Array, "B S"]]:
         """One target position: ``(logits [B, V] float32, new state, attention α_i [B, S] float32)``."""
+        if self.config.copy:
+            raise NotImplementedError("decoding a copy model (model.copy) is not implemented yet")
         check_tokens("prev_tokens", prev_tokens, enc.mask.shape[0], rank=1)
         emb = self.tgt_embed(prev_tokens)
         new_state, (s_prev, ctx, weights, readout) = self._step(
@@ -252,10 +274,38 @@ class RNNsearch(nnx.Module):
             readout = self.output.readout(s_prev, emb, ctx)
         return self.output.logits(readout), new_state, weights
 
+    def copy_gate_logits(
+        self, state: Float[Array, "... n"], embedding: Float[Array, "... m"], context: Float[Array, "... 2n"]
+    ) -> Float[Array, "..."]:
+        """``w_hᵀ c_i + w_sᵀ s_{i-1} + w_xᵀ E y_{i-1} + b``, float32: the logit of ``p_gen`` (See et al., eq. 8)."""
+        p = unwrap(self.copy_gate)
+        f32 = jnp.float32
+        return (
+            jnp.einsum("...d,d->...", context, p["w_h"].astype(context.dtype), preferred_element_type=f32)
+            + jnp.einsum("...d,d->...", state, p["w_s"].astype(state.dtype), preferred_element_type=f32)
+            + jnp.einsum(
+                "...d,d->...", embedding, p["w_x"].astype(embedding.dtype), preferred_element_type=f32
+            )
+            + p["b"].astype(f32)
+        )
+
     def __call__(
-        self, src: Int[Array, "B S"], src_mask: Bool[Array, "B S"], tgt_in: Int[Array, "B T"]
+        self,
+        src: Int[Array, "B S"],
+        src_mask: Bool[Array, "B S"],
+        tgt_in: Int[Array, "B T"],
+        src_ext: Int[Array, "B S"] | None = None,
     ) -> tuple[Float[Array, "B T V"], Float[Array, "B T S"]]:
-        """Teacher forcing: float32 ``(logits [B, T, V], attention [B, T, S])`` via one ``lax.scan``."""
+        """Teacher forcing: float32 ``(logits [B, T, V], attention [B, T, S])`` via one ``lax.scan``.
+
+        With ``copy``, ``src_ext`` (the source in the extended target vocabulary, ids ``< V + S``) is required
+        and the first output is the pointer-generator's log-probabilities ``[B, T, V + S]``.
+        """
+        if self.config.copy != (src_ext is not None):
+            raise ValueError(
+                f"src_ext (the source in the extended vocabulary) is needed exactly by a copy model; copy="
+                f"{self.config.copy}, src_ext {'given' if src_ext is not None else 'not given'}"
+            )
         check_source(src, src_mask)
         check_tokens("tgt_in", tgt_in, src.shape[0], rank=2)
         enc = self.encode(src, src_mask)
@@ -272,4 +322,16 @@ class RNNsearch(nnx.Module):
             readout = self.output.readout(s_prev, emb, ctx)  # all positions at once, outside the recurrence
         else:
             readout = jnp.moveaxis(readout, 0, 1)
-        return self.output.logits(readout), weights
+        logits = self.output.logits(readout)
+        if not self.config.copy:
+            return logits, weights
+        if jnp.shape(src_ext) != jnp.shape(src):
+            raise ValueError(
+                f"src_ext must have src's shape {list(src.shape)}, got {list(jnp.shape(src_ext))}"
+            )
+        gate = self.copy_gate_logits(s_prev, emb, ctx)  # [B, T]
+        extended = self.config.tgt_vocab + src.shape[1]
+        log_probs = pointer_generator_log_probs(
+            logits, weights, src_ext[:, None, :], gate, extended, src_mask[:, None, :]
+        )
+        return log_probs, weights

@@ -33,7 +33,9 @@ vocabulary sizes (taken from the built vocabularies) and the dtypes (``mixed_pre
 ``rnnenc`` (:class:`attn_jax.models.RNNConfig`): ``embed``, ``hidden``, ``maxout``, ``align``, ``scorer``,
 ``input_feeding``, ``local_window``, ``intra_attention``, ``attention_init``, ``normalizer`` (``softmax``,
 ``sparsemax`` or ``entmax15``: what turns the attention scores into weights), ``coverage`` (False; RNNsearch with
-an additive scorer: the accumulated attention feeds the scorer, Tu et al. 2016 / See et al. 2017); ``gnmt`` (:class:`attn_jax.models.GNMTConfig`): ``embed``, ``hidden``,
+an additive scorer: the accumulated attention feeds the scorer, Tu et al. 2016 / See et al. 2017), ``copy`` (False;
+RNNsearch: the pointer-generator of See et al. 2017, eq. 8-9, copies source words outside the target vocabulary by
+attention; needs ``data.vocab=word`` and ``label_smoothing=0``; decoding such a model is not implemented yet); ``gnmt`` (:class:`attn_jax.models.GNMTConfig`): ``embed``, ``hidden``,
 ``encoder_layers``, ``decoder_layers``, ``residual_start``, ``attention``, ``align``, ``pipeline_stages``;
 ``transformer`` (:class:`attn_jax.models.TransformerConfig`): ``d_model``, ``heads``, ``d_ff``, ``encoder_layers``,
 ``decoder_layers``, ``dropout``, ``norm``, ``positions``, ``max_length``, ``share_embeddings``.
@@ -569,6 +571,18 @@ def check_config(config: ml_collections.ConfigDict) -> None:
         )
     _check_alignment(config)
     d = config.data
+    if config.model.get("copy", False):
+        # Subword vocabularies leave no word outside the target vocabulary to copy, and source pieces are not
+        # target pieces; the smoothed loss' uniform part would spread mass over the per-sentence extended ids,
+        # most of which no sentence has (log-probability finfo.min).
+        if d.vocab != "word":
+            raise ConfigError(
+                f"model.copy copies words outside the target vocabulary: needs data.vocab=word, got {d.vocab!r}"
+            )
+        if config.label_smoothing > 0:
+            raise ConfigError(
+                f"model.copy needs label_smoothing=0 (got {config.label_smoothing}): smoothing over the extended vocabulary is not defined here"
+            )
     if d.corpus not in CORPORA:
         raise ConfigError(f"data.corpus must be one of {', '.join(CORPORA)}; got {d.corpus!r}")
     if d.corpus == "synthetic":

@@ -339,7 +339,8 @@ def make_inputs(
             tgt_vocab = data.WordVocabulary.build(targets, max_size=d.tgt_vocab_size)
         if save_vocab:
             data.save_vocabularies(vocab_dir, src_vocab, tgt_vocab)
-    train_encoded = data.encode_corpus(train_corpus, src_vocab, tgt_vocab)
+    copy = bool(config.model.get("copy", False))  # the pointer-generator: batches carry extended ids
+    train_encoded = data.encode_corpus(train_corpus, src_vocab, tgt_vocab, copy=copy)
     guided = config.lambda_align > 0  # training batches carry gold only for guided alignment: else unchanged
     if guided and train_encoded.alignments is None:
         raise data.CorpusError(
@@ -363,7 +364,7 @@ def make_inputs(
     )
     validation, validation_report, validation_dropped = [], None, 0
     if eval_split is not None:
-        eval_encoded = data.encode_corpus(eval_corpus, src_vocab, tgt_vocab)
+        eval_encoded = data.encode_corpus(eval_corpus, src_vocab, tgt_vocab, copy=copy)
         eval_it = data.make_batch_iterator(
             eval_encoded, eval_cfg, with_gold=eval_encoded.alignments is not None, prefetch=0, **shard
         )

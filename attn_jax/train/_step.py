@@ -179,8 +179,19 @@ def _forward(
             src_positions=batch.src_positions,
             tgt_positions=batch.tgt_positions,
         )
+    labels = batch.tgt_out
+    if getattr(config.model, "copy", False):  # static: the default program is unchanged
+        if batch.src_ext is None or batch.tgt_out_ext is None:
+            raise ValueError(
+                "model.copy needs batches with src_ext and tgt_out_ext (encode_corpus(..., copy=True))"
+            )
+        kwargs["src_ext"] = batch.src_ext
+        labels = (
+            batch.tgt_out_ext
+        )  # out-of-vocabulary target words that occur in the source, at their copy ids
+    # With copy the model returns normalised log-probabilities: the loss' log_softmax leaves them unchanged.
     logits, weights = build_module(config.model, params)(batch.src, src_mask, batch.tgt_in, **kwargs)
-    sums = loss_sums(logits, batch.tgt_out, tgt_mask, label_smoothing=config.label_smoothing)
+    sums = loss_sums(logits, labels, tgt_mask, label_smoothing=config.label_smoothing)
     if batch.tgt_segments is not None:  # a row holds pairs 1..k: count pairs, not rows
         sums = sums._replace(sentences=jnp.sum(jnp.max(batch.tgt_segments, axis=-1), dtype=jnp.float32))
     coverage = None

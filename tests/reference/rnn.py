@@ -10,6 +10,7 @@ import math
 
 import numpy as np
 
+from tests.reference.copy import pointer_generator_ref
 from tests.reference.core import softmax_row_ref
 
 __all__ = ["gru_cell_ref", "gru_sequence_ref", "rnnenc_ref", "rnnsearch_ref"]
@@ -113,10 +114,21 @@ def _weights(params, scorer, s, ann, n, window, coverage=None):
 
 
 def rnnsearch_ref(
-    params, src, src_mask, tgt_in, *, scorer="additive", input_feeding=False, window=10, coverage=False
+    params,
+    src,
+    src_mask,
+    tgt_in,
+    *,
+    scorer="additive",
+    input_feeding=False,
+    window=10,
+    coverage=False,
+    copy_src_ext=None,
 ):
     """RNNsearch logits ``[B, T, V]`` and attention ``[B, T, S]`` (zeros at padding), sentence by sentence;
-    ``coverage``: the attention accumulated over the previous steps feeds the additive scorer."""
+    ``coverage``: the attention accumulated over the previous steps feeds the additive scorer; ``copy_src_ext``
+    (``[B, S]`` extended source ids): the pointer-generator's log-probabilities ``[B, T, V + S]`` instead of the
+    logits (See et al. 2017, eq. 8-9; ``p_gen`` reads ``c_i``, ``s_{i-1}`` and ``E y_{i-1}``)."""
     params = _f64(params)
     src, src_mask, tgt_in = np.asarray(src), np.asarray(src_mask, bool), np.asarray(tgt_in)
     B, S = src.shape
@@ -124,7 +136,7 @@ def rnnsearch_ref(
     dec, out = params["decoder"]["params"], params["output"]["params"]
     n = dec["u"].shape[-1]
     V = out["w_o"].shape[1]
-    logits, attention = np.zeros((B, T, V)), np.zeros((B, T, S))
+    logits, attention, gates = np.zeros((B, T, V)), np.zeros((B, T, S)), np.zeros((B, T))
     for b in range(B):
         real = [j for j in range(S) if src_mask[b, j]]
         xs = params["src_embed"]["embedding"][src[b, real]]
@@ -142,12 +154,24 @@ def rnnsearch_ref(
             covered = covered + alpha
             c = sum(alpha[j] * ann[j] for j in range(len(real)))
             t, logits[b, i] = _readout_logits(out, s, e, c)
+            if copy_src_ext is not None:
+                g = params["copy_gate"]
+                gates[b, i] = g["b"] + math.fsum(
+                    [*(c * g["w_h"]), *(s * g["w_s"]), *(e * g["w_x"])]
+                )  # the logit of p_gen
             for k, j in enumerate(real):
                 attention[b, i, j] = alpha[k]
             extra = (params["feed_kernel"], feed) if input_feeding else None
             s = gru_cell_ref(dec, s, e, c, extra)
             feed = t
-    return logits, attention
+    if copy_src_ext is None:
+        return logits, attention
+    ids = np.broadcast_to(np.asarray(copy_src_ext)[:, None, :], (B, T, S)).reshape(B * T, S)
+    mask = np.broadcast_to(src_mask[:, None, :], (B, T, S)).reshape(B * T, S)
+    log_probs = pointer_generator_ref(
+        logits.reshape(B * T, V), attention.reshape(B * T, S), ids, gates.reshape(-1), V + S, mask
+    )
+    return log_probs.reshape(B, T, V + S), attention
 
 
 def rnnenc_ref(params, src, src_mask, tgt_in):

@@ -1,0 +1,164 @@
+"""The pointer-generator wired into RNNsearch (``model.copy``): extended ids in the batches, the model's
+teacher-forced log-probabilities against the float64 loop reference (tests/reference/rnn.py with
+``copy_src_ext``), the train step's loss on copied target words, config errors, and the default left alone."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from attn_jax import data
+from attn_jax.models import RNNConfig, build_model
+from attn_jax.train import (
+    ConfigError,
+    OptimizerConfig,
+    StepConfig,
+    apply_overrides,
+    check_config,
+    default_config,
+    eval_step,
+    init_train_state,
+    loss_sums,
+    model_config,
+    train_step,
+)
+from tests.reference.rnn import rnnsearch_ref
+from tests.reference.scorers import rel_err
+from tests.test_models_rnn import KY, LENGTHS, S, T, make_batch, make_model, pure_params
+
+PAIRS = [
+    ("le chat Zorg mange Zorg", "the cat Zorg eats"),
+    ("Ada voit le chien", "Ada sees the dog Bob"),
+    ("le chat", "the cat"),
+]
+
+
+def _encoded():
+    corpus = data.corpus_from_pairs(PAIRS)
+    src_vocab = data.WordVocabulary.build(corpus.sources)
+    tgt_vocab = data.WordVocabulary.build(["the cat eats sees"])  # Zorg, Ada, dog, Bob are out of vocabulary
+    return data.encode_corpus(corpus, src_vocab, tgt_vocab, copy=True), tgt_vocab
+
+
+def test_batches_carry_source_and_targets_in_the_extended_vocabulary():
+    encoded, tgt_vocab = _encoded()
+    v = tgt_vocab.size
+    batch = data.assemble_batch(encoded, np.array([0, 1, -1]), 8)
+    # sentence 0: le chat Zorg mange Zorg </s> -> every source word is outside the target vocabulary: ids v, v+1,
+    # v+2, v+3 in order of first occurrence, Zorg's two occurrences sharing v+2; the target copies Zorg.
+    np.testing.assert_array_equal(batch.src_ext[0, :6], [v, v + 1, v + 2, v + 3, v + 2, data.EOS_ID])
+    the, cat, eats = tgt_vocab.encode("the cat eats")
+    np.testing.assert_array_equal(batch.tgt_out_ext[0, :5], [the, cat, v + 2, eats, data.EOS_ID])
+    np.testing.assert_array_equal(batch.tgt_out[0, :5], [the, cat, data.UNK_ID, eats, data.EOS_ID])
+    # sentence 1: Ada is copied; dog and Bob are in neither vocabulary nor source: <unk>.
+    ada = v  # its sentence's first out-of-vocabulary word: ids restart per sentence
+    np.testing.assert_array_equal(batch.src_ext[1, :5], [ada, v + 1, v + 2, v + 3, data.EOS_ID])
+    sees = tgt_vocab.encode("sees")[0]
+    np.testing.assert_array_equal(
+        batch.tgt_out_ext[1, :6], [ada, sees, the, data.UNK_ID, data.UNK_ID, data.EOS_ID]
+    )
+    # Padding and the padding row stay <pad>; the ordinary fields are those of a batch without copying.
+    assert not batch.src_ext[1, 5:].any() and not batch.src_ext[2].any() and not batch.tgt_out_ext[2].any()
+    plain = data.assemble_batch(
+        data.encode_corpus(
+            data.corpus_from_pairs(PAIRS),
+            data.WordVocabulary.build(data.corpus_from_pairs(PAIRS).sources),
+            tgt_vocab,
+        ),
+        np.array([0, 1, -1]),
+        8,
+    )
+    for name in ("src", "src_len", "tgt_in", "tgt_out", "tgt_len", "example_id"):
+        np.testing.assert_array_equal(getattr(batch, name), getattr(plain, name))
+    assert plain.src_ext is None and plain.tgt_out_ext is None
+    with pytest.raises(ValueError, match="packed batches carry no extended ids"):
+        data.make_batch_iterator(encoded, data.BatchConfig(batch_size=2), pack=True)
+
+
+def _copy_case():
+    model = make_model(copy=True, seed=3)
+    src, mask, tgt_in = make_batch(seed=3)
+    rng = np.random.default_rng(4)
+    src_ext = np.where(mask, rng.integers(0, KY + 3, (len(LENGTHS), S)), 0).astype(np.int32)
+    src_ext[0, :3] = [KY, 5, KY]  # an OOV word twice and a vocabulary word
+    return model, src, mask, tgt_in, jnp.asarray(src_ext)
+
+
+def test_copy_model_matches_float64_reference():
+    model, src, mask, tgt_in, src_ext = _copy_case()
+    log_probs, attn = jax.jit(lambda m, *a: m(*a))(model, src, mask, tgt_in, src_ext)
+    assert log_probs.shape == (len(LENGTHS), T, KY + S)
+    ref, ref_attn = rnnsearch_ref(pure_params(model), src, mask, tgt_in, copy_src_ext=src_ext)
+    possible = np.isfinite(ref)
+    assert rel_err(np.asarray(log_probs)[possible], ref[possible]) < 1e-5
+    assert rel_err(attn, ref_attn) < 1e-5
+    np.testing.assert_array_equal(np.asarray(log_probs)[~possible], np.finfo(np.float32).min)
+    np.testing.assert_allclose(np.exp(np.asarray(log_probs, np.float64)).sum(-1), 1.0, rtol=1e-5)
+    # Without src_ext a copy model refuses, and so does decoding (not implemented yet).
+    with pytest.raises(ValueError, match="src_ext"):
+        model(src, mask, tgt_in)
+    enc = model.encode(src, mask)
+    with pytest.raises(NotImplementedError, match="decoding a copy model"):
+        model.decode_step(enc, model.init_decoder_state(enc), tgt_in[:, 0])
+
+
+def test_copy_gate_gradient_and_copied_target_loss():
+    model, src, mask, tgt_in, src_ext = _copy_case()
+    graphdef, state = nnx.split(model)
+    tgt_mask = jnp.ones(tgt_in.shape, bool)
+    labels = jnp.full(tgt_in.shape, KY, jnp.int32)  # every target word is the copied OOV word of sentence 0
+
+    def loss(st):
+        lp, _ = nnx.merge(graphdef, st)(src, mask, tgt_in, src_ext)
+        return loss_sums(lp[:1], labels[:1], tgt_mask[:1]).loss
+
+    value, grads = jax.jit(jax.value_and_grad(loss))(state)
+    ref, _ = rnnsearch_ref(pure_params(model), src, mask, tgt_in, copy_src_ext=src_ext)
+    np.testing.assert_allclose(float(value), -ref[0, :, KY].sum(), rtol=1e-5)
+    gate = nnx.to_pure_dict(grads)["copy_gate"]
+    assert all(float(jnp.max(jnp.abs(g))) > 0 for g in jax.tree.leaves(gate))
+
+
+def test_train_step_uses_the_extended_labels():
+    encoded, tgt_vocab = _encoded()
+    batch = data.assemble_batch(encoded, np.array([0, 1, 2]), 8)
+    sizes = ["model.embed=5", "model.hidden=8", "model.maxout=6", "model.align=12", "model.copy=true"]
+    config = apply_overrides(default_config(), sizes)
+    check_config(config)
+    model = model_config(config, src_vocab=int(batch.src.max()) + 1, tgt_vocab=tgt_vocab.size)
+    assert model.copy
+    cfg = StepConfig(model=model, optimizer=OptimizerConfig(name="adam", learning_rate=0.01))
+    state = init_train_state(cfg, jnp.int32(0))
+    metrics = eval_step(state.params, batch, cfg)
+    module = build_model(model, rngs=nnx.Rngs(0))
+    nnx.update(module, nnx.State(jax.tree.map(jnp.asarray, state.params)))
+    lp, _ = module(batch.src, jnp.asarray(batch.src_mask), batch.tgt_in, batch.src_ext)
+    want = loss_sums(lp, batch.tgt_out_ext, batch.tgt_mask)
+    np.testing.assert_allclose(float(metrics.loss.nll), float(want.nll), rtol=1e-5)
+    new_state, train_metrics = train_step(state, batch, cfg)
+    assert np.isfinite(float(train_metrics.loss.loss)) and int(new_state.step) == 1
+    with pytest.raises(ValueError, match="src_ext and tgt_out_ext"):
+        eval_step(state.params, batch._replace(src_ext=None, tgt_out_ext=None), cfg)
+
+
+def test_config_errors_name_the_key():
+    base = ["model.embed=5", "model.hidden=8", "model.maxout=6", "model.align=12"]
+    cases = [
+        (["model.copy=true", "model.arch=rnnenc"], "copy copies source words by attention"),
+        (["model.copy=true", "data.vocab=sentencepiece"], "model.copy .* needs data.vocab=word"),
+        (["model.copy=true", "label_smoothing=0.1"], "model.copy needs label_smoothing=0"),
+    ]
+    for overrides, message in cases:
+        with pytest.raises(ConfigError, match=message) as info:
+            check_config(apply_overrides(default_config(), base + overrides))
+        assert "\n" not in str(info.value)
+    with pytest.raises(ValueError, match="copy must be a bool"):
+        RNNConfig(copy=1)
+    assert default_config().model.copy is False
+
+
+def test_default_model_has_no_copy_parameters():
+    model = make_model()
+    assert "copy_gate" not in pure_params(model)
+    assert "copy_gate" in pure_params(make_model(copy=True))
