@@ -25,7 +25,8 @@ from attn_jax.train import (
 )
 from tests.reference.rnn import rnnsearch_ref
 from tests.reference.scorers import rel_err
-from tests.test_models_rnn import KY, LENGTHS, S, T, make_batch, make_model, pure_params
+from tests.test_models_rnn import KY, LENGTHS, MODEL_REDUCTION, S, T, make_batch, make_model, pure_params
+from tests.tolerance import assert_close_f32
 
 PAIRS = [
     ("le chat Zorg mange Zorg", "the cat Zorg eats"),
@@ -95,12 +96,9 @@ def test_copy_model_matches_float64_reference():
     assert rel_err(attn, ref_attn) < 1e-5
     np.testing.assert_array_equal(np.asarray(log_probs)[~possible], np.finfo(np.float32).min)
     np.testing.assert_allclose(np.exp(np.asarray(log_probs, np.float64)).sum(-1), 1.0, rtol=1e-5)
-    # Without src_ext a copy model refuses, and so does decoding (not implemented yet).
+    # Without src_ext a copy model refuses.
     with pytest.raises(ValueError, match="src_ext"):
         model(src, mask, tgt_in)
-    enc = model.encode(src, mask)
-    with pytest.raises(NotImplementedError, match="decoding a copy model"):
-        model.decode_step(enc, model.init_decoder_state(enc), tgt_in[:, 0])
 
 
 def test_copy_gate_gradient_and_copied_target_loss():
@@ -162,3 +160,50 @@ def test_default_model_has_no_copy_parameters():
     model = make_model()
     assert "copy_gate" not in pure_params(model)
     assert "copy_gate" in pure_params(make_model(copy=True))
+
+
+# ------------------------------------------------------------------------------------------------ decoding
+
+
+def test_step_by_step_equals_teacher_forcing_and_copied_words_feed_back_as_unk():
+    model, src, mask, tgt_in, src_ext = _copy_case()
+    # Feed back extended ids (copied words) where teacher forcing reads <unk>: the same distribution.
+    fed = np.asarray(tgt_in).copy()
+    fed[:, 2] = KY + 1
+    teacher = np.where(fed >= KY, data.UNK_ID, fed)
+    tf, tf_attn = jax.jit(lambda m, *a: m(*a))(model, src, mask, jnp.asarray(teacher), src_ext)
+
+    @jax.jit
+    def loop(m, src, mask, src_ext, fed):
+        enc = m.encode(src, mask, src_ext)
+        dec = m.init_decoder_state(enc)
+        out, attn = [], []
+        for i in range(fed.shape[1]):
+            lp, dec, a = m.decode_step(enc, dec, fed[:, i])
+            out.append(lp)
+            attn.append(a)
+        return jnp.stack(out, 1), jnp.stack(attn, 1)
+
+    steps, step_attn = loop(model, src, mask, src_ext, jnp.asarray(fed))
+    assert steps.shape == tf.shape == (len(LENGTHS), T, KY + S)
+    assert_close_f32(steps, tf, reduction=MODEL_REDUCTION)
+    assert_close_f32(step_attn, tf_attn, reduction=MODEL_REDUCTION)
+    with pytest.raises(ValueError, match="src_ext"):  # without src_ext a copy model refuses to encode
+        model.encode(src, mask)
+
+
+def test_beam_search_copies_source_words_when_the_gate_says_copy():
+    from attn_jax.decoding import beam_search, greedy_decode
+
+    model, src, mask, tgt_in, src_ext = _copy_case()
+    model.copy_gate["b"][...] = jnp.asarray(-30.0)  # p_gen ≈ 1e-13: the output is (almost) all copying
+    out = beam_search(model, src, mask, src_ext=src_ext, beam_size=3, max_length=6, length_penalty_alpha=0.0)
+    tokens = np.asarray(out.tokens)
+    assert tokens.max() >= KY  # an out-of-vocabulary source word was copied
+    for b in range(len(LENGTHS)):
+        allowed = set(np.asarray(src_ext)[b, : LENGTHS[b]].tolist()) | {data.EOS_ID, data.PAD_ID}
+        assert set(tokens[b, 0].tolist()) <= allowed, (b, tokens[b, 0], allowed)
+    greedy = greedy_decode(model, src, mask, src_ext=src_ext, max_length=6)
+    assert greedy.tokens.shape == (len(LENGTHS), 1, 6)
+    with pytest.raises(ValueError, match="src_ext"):
+        beam_search(model, src, mask, beam_size=2, max_length=4)

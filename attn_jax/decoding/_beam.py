@@ -116,6 +116,7 @@ def greedy_decode(
     bos_id: int = 1,
     eos_id: int = 2,
     pad_id: int = 0,
+    src_ext: Int[ArrayLike, "B S"] | None = None,
 ) -> BeamResult:
     """Greedy decoding (``y_t = argmax_y P(y | y_<t, x)`` until ``</s>``): beam search, ``K = 1``, ``α = β = 0``.
 
@@ -139,6 +140,7 @@ def greedy_decode(
         bos_id=bos_id,
         eos_id=eos_id,
         pad_id=pad_id,
+        src_ext=src_ext,
     )
 
 
@@ -158,6 +160,7 @@ def beam_search(
     bos_id: int = 1,
     eos_id: int = 2,
     pad_id: int = 0,
+    src_ext: Int[ArrayLike, "B S"] | None = None,
 ) -> BeamResult:
     """Batched, jit-compiled beam search returning the n-best hypotheses, their scores and attention.
 
@@ -211,6 +214,9 @@ def beam_search(
       length_penalty_alpha: ``α ≥ 0`` (GNMT: 0.6–0.7; 0 ranks by raw log-probability).
       coverage_penalty_beta: ``β ≥ 0`` (GNMT: 0.2; 0 switches the coverage penalty off). Needs attention.
       bos_id: the token fed before the first target word. eos_id: ``</s>``. pad_id: fills after ``</s>``.
+      src_ext: ``[B, S]`` the source in the extended target vocabulary, for a model that copies source words
+        (RNNsearch ``copy=True``, passed to its ``encode``); its hypotheses then hold ids ``>= V`` for copied
+        out-of-vocabulary words (``V + r``: the sentence's ``r``-th, :func:`attn_jax.data.extend_with_source`).
 
     Returns:
       A :class:`BeamResult` with ``[B, N, ...]`` fields, best first.
@@ -255,6 +261,7 @@ def beam_search(
         tuple(states),
         src,
         src_mask,
+        None if src_ext is None else jnp.asarray(src_ext, jnp.int32),
         limit,
         jnp.float32(length_penalty_alpha),
         jnp.float32(coverage_penalty_beta),
@@ -344,6 +351,7 @@ def _search(
     states,
     src,
     src_mask,
+    src_ext,
     limit,
     alpha,
     beta,
@@ -364,7 +372,7 @@ def _search(
     # The encoder and s_0 run once per sentence, then are tiled to the beam: rows b·K .. b·K + K - 1.
     encs, dec0 = [], []
     for m in models:
-        enc = m.encode(src, src_mask)
+        enc = m.encode(src, src_mask) if src_ext is None else m.encode(src, src_mask, src_ext)
         dec0.append(repeat_batch(m.init_decoder_state(enc), k))
         encs.append(repeat_batch(enc, k))
 

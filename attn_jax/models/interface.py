@@ -50,12 +50,15 @@ class EncoderOutput(NamedTuple):
       mask: ``[B, S]`` boolean, True at real source tokens.
       summary: ``[B, Dc]`` a fixed-size vector per sentence (RNNsearch: ``←h_1``, which ``s_0`` is computed
         from; RNNenc: the context ``c`` fed to every step); ``None`` if the model has none.
+      src_ext: ``[B, S]`` int32, the source in the extended target vocabulary when the model copies source words
+        (RNNsearch ``copy=True``); ``None`` otherwise.
     """
 
     memory: Float[Array, "B S Dv"] | None
     keys: Float[Array, "B S Dk"] | None
     mask: Bool[Array, "B S"]
     summary: Float[Array, "B Dc"] | None
+    src_ext: Int[Array, "B S"] | None = None
 
 
 class RNNDecoderState(NamedTuple):

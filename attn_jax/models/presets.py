@@ -69,7 +69,8 @@ class RNNConfig:
         softmax with the attention weights scattered onto the source words, over the target vocabulary extended
         by each sentence's out-of-vocabulary source words; teacher forcing then takes the source ids in that
         extended vocabulary (``src_ext``) and returns log-probabilities ``[B, T, V + S]``. Off (the default)
-        leaves the model exactly as the paper's. Decoding a copy model is not implemented yet.
+        leaves the model exactly as the paper's. Decoding takes ``encode(src, src_mask, src_ext)``
+        and returns log-probabilities ``[B, V + S]`` per step.
       local_window: ``D``, half-width of the local-p window (Luong: 10).
       attention_init: initialisation of the additive scorer (``scorer="additive"``): ``"fan_in"``
         (fan-in-scaled normals) or ``"paper"`` (appendix B.1: ``W_a, U_a ~ N(0, 0.001²)``, ``v_a = 0``); see

@@ -103,6 +103,22 @@ def normal_param(key, shape: tuple[int, ...], names: tuple[str | None, ...], dty
     return partitioned((_STD * jax.random.normal(key, shape, jnp.float32)).astype(dtype), names)
 
 
+UNK_ID = 3  # <unk> in attn_jax.data's special-id layout (models do not import data)
+
+
+def _check_src_ext(copy: bool, src, src_ext) -> None:
+    """Raise unless ``src_ext`` is given exactly to a copy model, with ``src``'s shape."""
+    if copy != (src_ext is not None):
+        raise ValueError(
+            f"src_ext (the source in the extended vocabulary) is needed exactly by a copy model; copy={copy}, "
+            f"src_ext {'given' if src_ext is not None else 'not given'}"
+        )
+    if src_ext is not None and jnp.shape(src_ext) != jnp.shape(src):
+        raise ValueError(
+            f"src_ext must have src's shape {list(jnp.shape(src))}, got {list(jnp.shape(src_ext))}"
+        )
+
+
 class RNNsearch(nnx.Module):
     """Bahdanau et al. (2015) RNNsearch with a selectable scorer; implements the step interface of
     ``attn_jax.models.interface``.
@@ -173,12 +189,17 @@ class RNNsearch(nnx.Module):
 
     # ----------------------------------------------------------------------------------------------- encoder
 
-    def encode(self, src: Int[Array, "B S"], src_mask: Bool[Array, "B S"]) -> EncoderOutput:
-        """Annotations ``h_j`` ``[B, S, 2n]`` (compute dtype), the scorer's precomputed keys and ``←h_1``."""
+    def encode(
+        self, src: Int[Array, "B S"], src_mask: Bool[Array, "B S"], src_ext: Int[Array, "B S"] | None = None
+    ) -> EncoderOutput:
+        """Annotations ``h_j`` ``[B, S, 2n]`` (compute dtype), the scorer's precomputed keys and ``←h_1`` (and,
+        for a copy model, ``src_ext``: the source in the extended target vocabulary, which decoding needs)."""
         check_source(src, src_mask)
+        _check_src_ext(self.config.copy, src, src_ext)
         annotations, (_, backward_first) = self.encoder(self.src_embed(src), src_mask)
         memory = annotations.astype(self.config.dtype)
-        return EncoderOutput(memory=memory, keys=self._keys(memory), mask=src_mask, summary=backward_first)
+        enc = EncoderOutput(memory=memory, keys=self._keys(memory), mask=src_mask, summary=backward_first)
+        return enc if src_ext is None else enc._replace(src_ext=jnp.asarray(src_ext, jnp.int32))
 
     def _keys(self, memory: Float[Array, "B S 2n"]) -> Float[Array, "B S Dk"]:
         """The step-independent half of the score, computed once per source batch."""
@@ -262,17 +283,32 @@ class RNNsearch(nnx.Module):
     def decode_step(
         self, enc: EncoderOutput, state: RNNDecoderState, prev_tokens: Int[Array, " B"]
     ) -> tuple[Float[Array, "B V"], RNNDecoderState, Float[Array, "B S"]]:
-        """One target position: ``(logits [B, V] float32, new state, attention α_i [B, S] float32)``."""
-        if self.config.copy:
-            raise NotImplementedError("decoding a copy model (model.copy) is not implemented yet")
+        """One target position: ``(logits [B, V] float32, new state, attention α_i [B, S] float32)``.
+
+        A copy model returns the pointer-generator's log-probabilities ``[B, V + S]`` instead (``enc`` from
+        ``encode(..., src_ext)``), and reads a previous token ``>= V`` (a copied word) as ``<unk>``.
+        """
         check_tokens("prev_tokens", prev_tokens, enc.mask.shape[0], rank=1)
+        if self.config.copy:
+            if enc.src_ext is None:
+                raise ValueError(
+                    "a copy model decodes from encode(src, src_mask, src_ext): enc.src_ext is None"
+                )
+            # an extended id has no embedding: the copied word is fed back as <unk> (See et al. 2017)
+            prev_tokens = jnp.where(prev_tokens >= self.config.tgt_vocab, UNK_ID, prev_tokens)
         emb = self.tgt_embed(prev_tokens)
         new_state, (s_prev, ctx, weights, readout) = self._step(
             enc, state, emb, self.decoder.project_inputs(emb)
         )
         if readout is None:
             readout = self.output.readout(s_prev, emb, ctx)
-        return self.output.logits(readout), new_state, weights
+        logits = self.output.logits(readout)
+        if not self.config.copy:
+            return logits, new_state, weights
+        gate = self.copy_gate_logits(s_prev, emb, ctx)  # [B]
+        extended = self.config.tgt_vocab + enc.mask.shape[1]
+        log_probs = pointer_generator_log_probs(logits, weights, enc.src_ext, gate, extended, enc.mask)
+        return log_probs, new_state, weights
 
     def copy_gate_logits(
         self, state: Float[Array, "... n"], embedding: Float[Array, "... m"], context: Float[Array, "... 2n"]
@@ -301,14 +337,10 @@ class RNNsearch(nnx.Module):
         With ``copy``, ``src_ext`` (the source in the extended target vocabulary, ids ``< V + S``) is required
         and the first output is the pointer-generator's log-probabilities ``[B, T, V + S]``.
         """
-        if self.config.copy != (src_ext is not None):
-            raise ValueError(
-                f"src_ext (the source in the extended vocabulary) is needed exactly by a copy model; copy="
-                f"{self.config.copy}, src_ext {'given' if src_ext is not None else 'not given'}"
-            )
+        _check_src_ext(self.config.copy, src, src_ext)
         check_source(src, src_mask)
         check_tokens("tgt_in", tgt_in, src.shape[0], rank=2)
-        enc = self.encode(src, src_mask)
+        enc = self.encode(src, src_mask, src_ext)
         emb = self.tgt_embed(tgt_in)  # [B, T, m]
         emb_proj = self.decoder.project_inputs(emb)  # [B, T, 3, n]: every W E y_{i-1} + b in one matmul
 
@@ -325,10 +357,6 @@ class RNNsearch(nnx.Module):
         logits = self.output.logits(readout)
         if not self.config.copy:
             return logits, weights
-        if jnp.shape(src_ext) != jnp.shape(src):
-            raise ValueError(
-                f"src_ext must have src's shape {list(src.shape)}, got {list(jnp.shape(src_ext))}"
-            )
         gate = self.copy_gate_logits(s_prev, emb, ctx)  # [B, T]
         extended = self.config.tgt_vocab + src.shape[1]
         log_probs = pointer_generator_log_probs(
