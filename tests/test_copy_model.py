@@ -207,3 +207,22 @@ def test_beam_search_copies_source_words_when_the_gate_says_copy():
     assert greedy.tokens.shape == (len(LENGTHS), 1, 6)
     with pytest.raises(ValueError, match="src_ext"):
         beam_search(model, src, mask, beam_size=2, max_length=4)
+
+
+def test_translate_writes_copied_words_out():
+    from attn_jax.pipeline import LoadedModel, reference_attention, translate_sentences
+
+    sources = ["le Zorg chat Ada", "Ada voit Zorg"]
+    src_vocab = data.WordVocabulary.build(sources)
+    tgt_vocab = data.WordVocabulary.build(["the cat eats chat"])  # "chat" is in both vocabularies
+    model = make_model(copy=True, seed=5, src_vocab=src_vocab.size, tgt_vocab=tgt_vocab.size)
+    model.copy_gate["b"][...] = jnp.asarray(-30.0)  # p_gen ≈ 1e-13: every word is copied
+    loaded = LoadedModel(model, src_vocab, tgt_vocab, default_config(), 0, "")
+    out = translate_sentences(loaded, sources, beam_size=2)
+    for source, (best,) in zip(sources, out, strict=True):
+        assert best.tokens and set(best.tokens) <= set(source.split()), (source, best.tokens)
+        assert best.text == " ".join(best.tokens)
+    assert any(t >= tgt_vocab.size for (best,) in out for t in best.ids)  # some word came from the extension
+    # Teacher-forced attention on references works for a copy model too (it needs the extended source).
+    attn = reference_attention(loaded, sources, ["the Zorg cat", "Ada"])
+    assert [a.shape for a in attn] == [(4, 5), (2, 4)]

@@ -61,7 +61,8 @@ reads its new state), and ``P(w) = p_gen P_vocab(w) + (1 − p_gen) Σ_{j: x_j =
 vocabulary extended by the sentence's out-of-vocabulary source words
 (:func:`attn_jax.pointer_generator_log_probs`); ``w_h, w_s, w_x ~ N(0, 0.01²)``, ``b = 0``, so ``p_gen`` starts
 near 1/2. Teacher forcing then needs ``src_ext``, the source in that extended vocabulary (``E = V + S``: a
-sentence has at most ``S`` distinct source words), and returns log-probabilities instead of logits.
+sentence has at most ``S`` distinct source words), and returns log-probabilities instead of logits; so does
+:meth:`decode_step` with ``encode(src, src_mask, src_ext)``, reading a copied word (id ``>= V``) back as ``<unk>``.
 
 Where the paper is silent or this code departs from it: biases are kept (GRU, ``b_s``, ``b_o``, output bias;
 the paper omits them from its equations); the deep output reads ``s_{i-1}`` exactly as appendix A.2.2 writes

@@ -28,8 +28,11 @@ def _teacher_forced():
     import jax
     from flax import nnx
 
-    def attention(graphdef, state, src, src_mask, tgt_in):
-        _, weights = nnx.merge(graphdef, state)(src, src_mask, tgt_in)
+    def attention(graphdef, state, src, src_mask, tgt_in, src_ext=None):
+        model = nnx.merge(graphdef, state)
+        if src_ext is not None:  # a copy model (RNNsearch model.copy) reads the extended source too
+            return model(src, src_mask, tgt_in, src_ext)[1]
+        _, weights = model(src, src_mask, tgt_in)
         return weights
 
     return jax.jit(attention, static_argnums=0)
@@ -55,7 +58,13 @@ def reference_attention(
             t = tgt_ids[chunk[r]] if r < len(chunk) else tgt_ids[chunk[0]]
             tgt_in[r, 0] = tv.bos_id
             tgt_in[r, 1 : len(t) + 1] = t
-        weights = _teacher_forced()(graphdef, state, src, mask, tgt_in)
+        src_ext = None
+        if getattr(getattr(loaded.model, "config", None), "copy", False):
+            from attn_jax.data import extend_with_source
+
+            ext = [extend_with_source(sources[i], "", tv)[0] for i in chunk]
+            src_ext = pad_rows(ext, width, rows, tv.eos_id, tv.pad_id)[0]
+        weights = _teacher_forced()(graphdef, state, src, mask, tgt_in, src_ext)
         if weights is None:
             return None
         weights = np.asarray(weights)

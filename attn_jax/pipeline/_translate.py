@@ -152,6 +152,13 @@ def translate_sentences(
         source_tokens = [s.split() for s in sentences]
     else:
         source_tokens = [_token_strings(src_vocab, ids) for ids in encoded]
+    # A copy model (RNNsearch model.copy) reads the source in the extended target vocabulary and may emit ids
+    # V + r: the sentence's r-th out-of-vocabulary source word, written out as that word.
+    copies = bool(getattr(getattr(loaded.model, "config", None), "copy", False))
+    if copies:
+        from attn_jax.data import extend_with_source
+
+        extended = [extend_with_source(s, "", tgt_vocab) for s in sentences]
     results: list[list[Translation]] = [[] for _ in sentences]
     todo = [i for i, ids in enumerate(encoded) if ids]
     for i in range(len(sentences)):
@@ -166,6 +173,10 @@ def translate_sentences(
         width_limit = rule.tokens(width - 1) + 1
         limits = [rule.tokens(len(encoded[i])) + 1 for i in members]
         limits += [limits[0]] * (rows - len(members))  # the padding rows repeat the first sentence
+        copy_kwargs = {}
+        if copies:
+            ext_rows = [extended[i][0] for i in members]
+            copy_kwargs["src_ext"] = pad_rows(ext_rows, width, rows, tgt_vocab.eos_id, tgt_vocab.pad_id)[0]
         if cap:
             width_limit, limits = min(width_limit, cap), [min(n, cap) for n in limits]
         try:
@@ -182,6 +193,7 @@ def translate_sentences(
                 bos_id=tgt_vocab.bos_id,
                 eos_id=tgt_vocab.eos_id,
                 pad_id=tgt_vocab.pad_id,
+                **copy_kwargs,
             )
         except ValueError as e:
             raise TranslateError(str(e).splitlines()[0]) from None
@@ -197,14 +209,18 @@ def translate_sentences(
                 if length == 0:  # an empty n-best slot (too few hypotheses fit the length limit)
                     continue
                 ids = [int(t) for t in tokens[r, k, : length - 1]]
-                words = _token_strings(tgt_vocab, ids)
+                if copies:
+                    oov, size = extended[i][2], tgt_vocab.size
+                    words = [oov[t - size] if t >= size else tgt_vocab.tokens[t] for t in ids]
+                else:
+                    words = _token_strings(tgt_vocab, ids)
                 attn = None if attention is None else attention[r, k, :length, : n + 1]
                 if replace_unk and word_level and attn is not None:
                     words = [
                         source_tokens[i][int(np.argmax(attn[j, :n]))] if t == tgt_vocab.unk_id else w
                         for j, (t, w) in enumerate(zip(ids, words, strict=True))
                     ]
-                text = " ".join(words) if word_level else tgt_vocab.decode(ids)
+                text = " ".join(words) if word_level or copies else tgt_vocab.decode(ids)
                 hyps.append(
                     Translation(
                         text,

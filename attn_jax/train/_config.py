@@ -35,7 +35,7 @@ vocabulary sizes (taken from the built vocabularies) and the dtypes (``mixed_pre
 ``sparsemax`` or ``entmax15``: what turns the attention scores into weights), ``coverage`` (False; RNNsearch with
 an additive scorer: the accumulated attention feeds the scorer, Tu et al. 2016 / See et al. 2017), ``copy`` (False;
 RNNsearch: the pointer-generator of See et al. 2017, eq. 8-9, copies source words outside the target vocabulary by
-attention; needs ``data.vocab=word`` and ``label_smoothing=0``; decoding such a model is not implemented yet); ``gnmt`` (:class:`attn_jax.models.GNMTConfig`): ``embed``, ``hidden``,
+attention; needs ``data.vocab=word`` and ``label_smoothing=0``); ``gnmt`` (:class:`attn_jax.models.GNMTConfig`): ``embed``, ``hidden``,
 ``encoder_layers``, ``decoder_layers``, ``residual_start``, ``attention``, ``align``, ``pipeline_stages``;
 ``transformer`` (:class:`attn_jax.models.TransformerConfig`): ``d_model``, ``heads``, ``d_ff``, ``encoder_layers``,
 ``decoder_layers``, ``dropout``, ``norm``, ``positions``, ``max_length``, ``share_embeddings``.
