@@ -226,3 +226,30 @@ def test_translate_writes_copied_words_out():
     # Teacher-forced attention on references works for a copy model too (it needs the extended source).
     attn = reference_attention(loaded, sources, ["the Zorg cat", "Ada"])
     assert [a.shape for a in attn] == [(4, 5), (2, 4)]
+
+
+def test_trainer_inputs_carry_extended_ids(tmp_path):
+    import pathlib
+
+    from attn_jax.train import load_config, make_inputs
+
+    smoke = f"{pathlib.Path(__file__).resolve().parents[1] / 'configs' / 'rnnsearch_cpu.py'}:smoke"
+    config = apply_overrides(load_config(smoke), ["model.copy=true", "data.tgt_vocab_size=12"])
+    check_config(config)
+    inputs = make_inputs(config, str(tmp_path / "vocab"), reuse_vocab=False)
+    batch = next(inputs.train)
+    v = inputs.tgt_vocab.size
+    assert batch.src_ext.shape == batch.src.shape and batch.tgt_out_ext.shape == batch.tgt_out.shape
+    # Labels differ from the plain ones only where the plain label is <unk>, and then by a copy id < V + S.
+    changed = batch.tgt_out_ext != batch.tgt_out
+    assert changed.any() and (batch.tgt_out[changed] == data.UNK_ID).all()
+    assert (batch.tgt_out_ext[changed] >= v).all() and (batch.tgt_out_ext < v + batch.src.shape[1]).all()
+    # Each copy label is the extended id of a source word of its own sentence.
+    for b, t in zip(*np.nonzero(changed), strict=True):
+        assert batch.tgt_out_ext[b, t] in batch.src_ext[b, : batch.src_len[b]]
+    assert all(b.src_ext is not None for b in inputs.validation)
+    model = model_config(config, inputs.src_vocab.size, v)
+    cfg = StepConfig(model=model, optimizer=OptimizerConfig(name="adam", learning_rate=0.01))
+    state = init_train_state(cfg, jnp.int32(0))
+    _, metrics = train_step(state, jax.tree.map(jnp.asarray, batch), cfg)
+    assert np.isfinite(float(metrics.loss.loss))
