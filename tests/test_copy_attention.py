@@ -62,6 +62,7 @@ def test_log_probs_match_float64_reference():
     assert rel_err(no_copy[..., :V], ref[..., :V]) > 1e-2
 
 
+@pytest.mark.numerics
 def test_padded_source_positions_are_never_read():
     logits, w, ids, gen, mask = _case(1)
     base = _log_probs(logits, w, ids, gen, extended_size=E, src_mask=mask)
@@ -164,6 +165,7 @@ def test_rows_sum_to_one_and_padding_is_irrelevant(case):
     np.testing.assert_array_equal(np.asarray(again), np.asarray(out))  # same ops on the same live inputs
 
 
+@pytest.mark.numerics
 @given(_rows())
 def test_gate_extremes_are_the_two_pure_distributions(case):
     logits, w, ids, gen, mask, e = case
@@ -190,6 +192,7 @@ def test_copy_mass_matches_loop_and_sums_repeats():
     assert np.sum(ids[0, 0] == V + 1) >= 2  # the loop above checked a word that occurs twice
 
 
+@pytest.mark.numerics
 def test_jit_and_vmap_agree_with_eager():
     logits, w, ids, gen, mask = _case(3)
     eager = attn_jax.pointer_generator_log_probs(logits, w, ids, gen, E, mask)

@@ -165,6 +165,7 @@ def test_default_model_has_no_copy_parameters():
 # ------------------------------------------------------------------------------------------------ decoding
 
 
+@pytest.mark.numerics
 def test_step_by_step_equals_teacher_forcing_and_copied_words_feed_back_as_unk():
     model, src, mask, tgt_in, src_ext = _copy_case()
     # Feed back extended ids (copied words) where teacher forcing reads <unk>: the same distribution.
