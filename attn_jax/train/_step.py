@@ -186,9 +186,8 @@ def _forward(
                 "model.copy needs batches with src_ext and tgt_out_ext (encode_corpus(..., copy=True))"
             )
         kwargs["src_ext"] = batch.src_ext
-        labels = (
-            batch.tgt_out_ext
-        )  # out-of-vocabulary target words that occur in the source, at their copy ids
+        # out-of-vocabulary target words that occur in the source are labelled with their copy ids
+        labels = batch.tgt_out_ext
     # With copy the model returns normalised log-probabilities: the loss' log_softmax leaves them unchanged.
     logits, weights = build_module(config.model, params)(batch.src, src_mask, batch.tgt_in, **kwargs)
     sums = loss_sums(logits, labels, tgt_mask, label_smoothing=config.label_smoothing)
