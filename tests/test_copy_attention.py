@@ -7,7 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 
 import attn_jax
 from tests.reference.copy import pointer_generator_ref
@@ -151,6 +151,7 @@ def _rows(draw):
     return logits, w, ids, gen, mask, v + n_oov
 
 
+@settings(max_examples=10)  # each example is new shapes: op-by-op compiles dominate (25 examples: 23 s)
 @given(_rows())
 def test_rows_sum_to_one_and_padding_is_irrelevant(case):
     logits, w, ids, gen, mask, e = case
@@ -166,6 +167,7 @@ def test_rows_sum_to_one_and_padding_is_irrelevant(case):
 
 
 @pytest.mark.numerics
+@settings(max_examples=10)
 @given(_rows())
 def test_gate_extremes_are_the_two_pure_distributions(case):
     logits, w, ids, gen, mask, e = case
@@ -188,7 +190,7 @@ def test_copy_mass_matches_loop_and_sums_repeats():
             for j in range(S):
                 if mask[b, 0, j]:
                     want[ids[b, 0, j]] += w[b, t, j]
-            np.testing.assert_allclose(got[b, t], want, rtol=1e-6, atol=1e-7)
+            np.testing.assert_allclose(got[b, t], want, rtol=1e-5, atol=1e-6)  # float64 reference: house 1e-5
     assert np.sum(ids[0, 0] == V + 1) >= 2  # the loop above checked a word that occurs twice
 
 
