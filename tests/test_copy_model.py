@@ -249,6 +249,25 @@ def test_trainer_inputs_carry_extended_ids(tmp_path):
     for b, t in zip(*np.nonzero(changed), strict=True):
         assert batch.tgt_out_ext[b, t] in batch.src_ext[b, : batch.src_len[b]]
     assert all(b.src_ext is not None for b in inputs.validation)
+    # The start-up line counts them, checked against a count over the training pairs' words themselves.
+    from attn_jax.train._inputs import _read_split, resolve_corpus_split
+
+    corpus, _ = _read_split(config.data, resolve_corpus_split(config.data, config.data.train_split), 0)
+    vocab = inputs.tgt_vocab
+    fold = str.lower if vocab.lowercase else (lambda w: w)
+    known = set(vocab.tokens)
+    unknown = copies = 0
+    for source, target in zip(corpus.sources, corpus.targets, strict=True):
+        in_source = {fold(w) for w in source.split()}
+        for word in map(fold, target.split()):
+            if word not in known:
+                unknown += 1
+                copies += word in in_source
+    assert copies > 0 and unknown > copies
+    assert (
+        f"{unknown:,} training target words are outside the target vocabulary; {copies:,} of them occur in "
+        f"their source and are learnt as copies, {unknown - copies:,} stay <unk>"
+    ) in inputs.copy_line, inputs.copy_line
     model = model_config(config, inputs.src_vocab.size, v)
     cfg = StepConfig(model=model, optimizer=OptimizerConfig(name="adam", learning_rate=0.01))
     state = init_train_state(cfg, jnp.int32(0))

@@ -281,6 +281,7 @@ class Inputs(NamedTuple):
     validation_report: SplitReport | None = None  # None: no validation split (data.eval_split=none)
     vocab_line: str = ""  # how SentencePiece vocabularies were trained ("": word vocabularies, or reloaded)
     pack_line: str = ""  # data.pack: how the training pairs were packed ("": not packed)
+    copy_line: str = ""  # model.copy: target words outside the vocabulary, learnt as copies or left <unk>
 
 
 def make_inputs(
@@ -351,6 +352,17 @@ def make_inputs(
     train_it = data.make_batch_iterator(
         train_encoded, train_cfg, prefetch=d.prefetch, with_gold=guided, pack=d.pack, **shard
     )
+    copy_line = ""
+    if copy:  # never silent: how many unknown target words became copy labels, how many stay <unk>
+        unknown = int(np.sum(train_encoded.tgt_tokens == data.UNK_ID))
+        copies = int(np.sum(train_encoded.tgt_ext_tokens >= tgt_vocab.size))
+        src_oov = int(np.sum(train_encoded.src_ext_tokens >= tgt_vocab.size))
+        copy_line = (
+            f"data: copying (model.copy), counted over the {len(train_corpus):,} training pairs read (before the "
+            f"length filter): {unknown:,} training target words are outside the target vocabulary; "
+            f"{copies:,} of them occur in their source and are learnt as copies, {unknown - copies:,} stay <unk>; "
+            f"{src_oov:,} source words are outside the target vocabulary"
+        )
     pack_line = ""
     if d.pack:
         packing, rows = train_it.plan.packing, train_it.plan.buckets[0].batch_size
@@ -390,6 +402,7 @@ def make_inputs(
         validation_report=validation_report,
         vocab_line=vocab_line,
         pack_line=pack_line,
+        copy_line=copy_line,
     )
 
 

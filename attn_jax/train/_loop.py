@@ -659,6 +659,8 @@ def _data_lines(config: ml_collections.ConfigDict, inputs) -> list[str]:
         lines.insert(0, inputs.vocab_line)
     if inputs.pack_line:
         lines.append(inputs.pack_line)
+    if inputs.copy_line:
+        lines.append(inputs.copy_line)
     v = inputs.validation_report
     if v is None:
         lines.append(
