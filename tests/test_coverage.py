@@ -332,15 +332,11 @@ def test_coverage_loss_by_hand_and_padding():
         coverage_loss(jnp.ones((3,)), jnp.ones((3,), bool))
 
 
-def test_train_objective_adds_lambda_times_the_coverage_loss():
+def _tiny_params_and_batch(model, seed):
+    """``(abstract model, N(0, 0.5²) float32 params, padded batch, src_mask, tgt_mask)`` drawn from ``seed``."""
     from attn_jax.data import Batch
 
-    sizes = ["model.embed=5", "model.hidden=8", "model.maxout=6", "model.align=12", "model.coverage=true"]
-    config = apply_overrides(default_config(), [*sizes, "lambda_coverage=0.7"])
-    check_config(config)
-    model = model_config(config, src_vocab=20, tgt_vocab=24)
-    assert model.coverage
-    rng = np.random.default_rng(0)
+    rng = np.random.default_rng(seed)
     abstract = nnx.eval_shape(lambda: build_model(model, rngs=nnx.Rngs(0)))
     shapes = nnx.to_pure_dict(nnx.state(abstract, nnx.Param))
     params = jax.tree.map(lambda s: rng.normal(0.0, 0.5, s.shape).astype(np.float32), shapes)
@@ -354,6 +350,17 @@ def test_train_objective_adds_lambda_times_the_coverage_loss():
         tgt_len=tgt_len,
         example_id=np.arange(B, dtype=np.int32),
     )
+    return abstract, params, batch, src_mask, tgt_mask
+
+
+def test_train_objective_adds_lambda_times_the_coverage_loss():
+
+    sizes = ["model.embed=5", "model.hidden=8", "model.maxout=6", "model.align=12", "model.coverage=true"]
+    config = apply_overrides(default_config(), [*sizes, "lambda_coverage=0.7"])
+    check_config(config)
+    model = model_config(config, src_vocab=20, tgt_vocab=24)
+    assert model.coverage
+    abstract, params, batch, src_mask, tgt_mask = _tiny_params_and_batch(model, seed=0)
     optimizer = OptimizerConfig(name="adam", learning_rate=0.01)
     with_cov = eval_step(params, batch, StepConfig(model=model, optimizer=optimizer, lambda_coverage=0.7))
     without = eval_step(params, batch, StepConfig(model=model, optimizer=optimizer))
@@ -370,7 +377,7 @@ def test_train_objective_adds_lambda_times_the_coverage_loss():
     # Validation reports the unweighted coverage loss per token beside the loss that includes λ times it.
     cfg_with = StepConfig(model=model, optimizer=optimizer, lambda_coverage=0.7)
     record = evaluate(params, [batch], cfg_with)
-    np.testing.assert_allclose(record["coverage_loss"], expected_cov / tgt_len.sum(), rtol=1e-5)
+    np.testing.assert_allclose(record["coverage_loss"], expected_cov / batch.tgt_len.sum(), rtol=1e-5)
     assert "coverage_loss" not in evaluate(params, [batch], StepConfig(model=model, optimizer=optimizer))
 
 
@@ -378,24 +385,10 @@ def test_coverage_start_step_adds_the_loss_from_that_update_on():
     """Before ``coverage_start_step`` updates an update is the λ = 0 update; from it on, the λ one (See et al. 2017
     add the coverage loss for a final phase). Different programs (a where on the step against a static weight):
     float32 rounding apart."""
-    from attn_jax.data import Batch
 
     sizes = ["model.embed=5", "model.hidden=8", "model.maxout=6", "model.align=12", "model.coverage=true"]
     model = model_config(apply_overrides(default_config(), sizes), src_vocab=20, tgt_vocab=24)
-    rng = np.random.default_rng(1)
-    abstract = nnx.eval_shape(lambda: build_model(model, rngs=nnx.Rngs(0)))
-    shapes = nnx.to_pure_dict(nnx.state(abstract, nnx.Param))
-    params = jax.tree.map(lambda s: rng.normal(0.0, 0.5, s.shape).astype(np.float32), shapes)
-    src_len, tgt_len = np.array([7, 4, 1], np.int32), np.array([5, 3, 2], np.int32)
-    src_mask, tgt_mask = np.arange(S) < src_len[:, None], np.arange(T) < tgt_len[:, None]
-    batch = Batch(
-        src=np.where(src_mask, rng.integers(3, 20, (B, S)), 0).astype(np.int32),
-        src_len=src_len,
-        tgt_in=np.where(tgt_mask, rng.integers(3, 24, (B, T)), 0).astype(np.int32),
-        tgt_out=np.where(tgt_mask, rng.integers(3, 24, (B, T)), 0).astype(np.int32),
-        tgt_len=tgt_len,
-        example_id=np.arange(B, dtype=np.int32),
-    )
+    _, params, batch, _, _ = _tiny_params_and_batch(model, seed=1)
     optimizer = OptimizerConfig(name="adam", learning_rate=0.01)
 
     def update(step, **options):
