@@ -426,18 +426,22 @@ def row_dot_product(ctx: Ctx) -> Section:
                     for name, t in measure_interleaved(ctx, ready).items():
                         times[name] = t.median
                         cells[name] = fmt_time(t.median)
-                ratio = lambda other: (  # noqa: E731
-                    times["default"] / times[other] if {"default", other} <= times.keys() else None
-                )
+                ratio = functools.partial(_ratio_to_default, times)
                 row = [dtype, str(length), mode, f"{cells['default']} ({path})", cells["jax.nn"]]
                 row += [cells[t] for t in tnames]
                 if ctx.device == "gpu":
                     row += [cells["lib cudnn"], cells["jax.nn cudnn"]]
                 r_ref = ratio("jax.nn")
-                row += ["—" if r_ref is None else fmt_ratio(r_ref), "—" if r_ref is None else verdict(r_ref <= DPA_RATIO_MAX)]
+                row += [
+                    "—" if r_ref is None else fmt_ratio(r_ref),
+                    "—" if r_ref is None else verdict(r_ref <= DPA_RATIO_MAX),
+                ]
                 for t in tnames:
                     r = ratio(t)
-                    row += ["—" if r is None else fmt_ratio(r), "—" if r is None else verdict(r <= DPA_TORCH_RATIO_MAX)]
+                    row += [
+                        "—" if r is None else fmt_ratio(r),
+                        "—" if r is None else verdict(r <= DPA_TORCH_RATIO_MAX),
+                    ]
                 rows.append(row)
     sec.table(header, rows)
     if ctx.torch_device is not None:
@@ -448,6 +452,11 @@ def row_dot_product(ctx: Ctx) -> Section:
         "kernel loops over (batch, head) with `lax.map`, so each step's 512 × 512 block stays in cache."
     )
     return sec
+
+
+def _ratio_to_default(times: dict[str, float], other: str) -> float | None:
+    """``times["default"] / times[other]``, or None when either side was not measured."""
+    return times["default"] / times[other] if {"default", other} <= times.keys() else None
 
 
 def _torch_thread_counts(ctx: Ctx) -> list[int]:
@@ -574,15 +583,24 @@ def _rss_table(ctx: Ctx, sec: Section, h: int, d: int) -> dict[tuple[int, str, s
                     timeout=900,
                 )
                 if out.returncode != 0:
-                    row += [f"failed ({out.stderr.strip().splitlines()[-1][:80] if out.stderr.strip() else out.returncode})", "—"]
+                    row += [
+                        f"failed ({out.stderr.strip().splitlines()[-1][:80] if out.stderr.strip() else out.returncode})",
+                        "—",
+                    ]
                     continue
                 r = _json.loads(out.stdout.strip().splitlines()[-1])
                 grew = grown[length, mode, impl] = r["peak"] - r["before"]
                 row += [fmt_bytes(grew) if grew > 0 else "≤ 0", fmt_bytes(r["estimate"])]
             rows.append(row)
     sec.table(
-        ["L", "pass", "plain: peak RSS growth (run)", "plain: compiled estimate", "chunked: peak RSS growth (run)",
-         "chunked: compiled estimate"],
+        [
+            "L",
+            "pass",
+            "plain: peak RSS growth (run)",
+            "plain: compiled estimate",
+            "chunked: peak RSS growth (run)",
+            "chunked: compiled estimate",
+        ],
         rows,
     )
     sec.notes.append(

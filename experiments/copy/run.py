@@ -64,7 +64,9 @@ def make_names(count: int, seed: int, avoid: set[str]) -> list[str]:
     rng = random.Random(seed)
     out: dict[str, None] = {}
     while len(out) < count:
-        word = "".join(rng.choice(_ONSETS) + rng.choice(_NUCLEI) + rng.choice(_CODAS) for _ in range(rng.choice((2, 3))))
+        word = "".join(
+            rng.choice(_ONSETS) + rng.choice(_NUCLEI) + rng.choice(_CODAS) for _ in range(rng.choice((2, 3)))
+        )
         word = word.capitalize()
         if word not in avoid and word.lower() not in avoid:
             out[word] = None
@@ -102,9 +104,13 @@ def build_corpus(out: str, smoke: bool, rate: float) -> dict:
     from attn_jax.data._lexicon import LEXICON
 
     spec = (
-        SyntheticSpec(train_size=300, validation_size=50, test_per_bucket=2, seed=0, min_length=3, max_length=12)
+        SyntheticSpec(
+            train_size=300, validation_size=50, test_per_bucket=2, seed=0, min_length=3, max_length=12
+        )
         if smoke
-        else SyntheticSpec(train_size=20_000, validation_size=500, test_per_bucket=20, seed=0, min_length=3, max_length=30)
+        else SyntheticSpec(
+            train_size=20_000, validation_size=500, test_per_bucket=20, seed=0, min_length=3, max_length=30
+        )
     )
     splits = generate_synthetic(spec)
     known = set(LEXICON.nouns) | {w for p in splits["train"] for w in (p.source + " " + p.target).split()}
@@ -197,7 +203,9 @@ def run_seed(args, variants: list[str], seed: int, names: set[str], caps: dict) 
     quiet_checkpoint_logs()
     corpus = os.path.join(args.out, "corpus")
     records = []
-    for variant in [v for v in ("baseline", "copy") if v in variants or (v == "baseline" and "replace_unk" in variants)]:
+    for variant in [
+        v for v in ("baseline", "copy") if v in variants or (v == "baseline" and "replace_unk" in variants)
+    ]:
         overrides = [
             f"seed={seed}",
             f"num_train_steps={args.steps}",
@@ -286,7 +294,9 @@ def table(records: list[dict]) -> str:
         lines.append(f"| {label} | {','.join(str(r['seed']) for r in rs)} | " + " | ".join(cells) + " |")
     if records:
         r = records[0]
-        lines.append(f"\n{r['pairs']} test pairs, {r.get('no_unk_pairs')} of them without names (the No UNK pairs).")
+        lines.append(
+            f"\n{r['pairs']} test pairs, {r.get('no_unk_pairs')} of them without names (the No UNK pairs)."
+        )
     return "\n".join(lines)
 
 
