@@ -11,20 +11,21 @@ finished set). The model alone always runs 30 steps while the search may stop ea
 bound when the search stops before 30 (negative where it stops well before). Medians of 5 calls after a warm-up;
 run on a quiet machine.
 
-Measured 2026-12-02 (2 cores, load average ~3.6 from two experiments at ``nice 19``):
+Measured 2026-12-02 10:18 UTC (2 cores, idle machine, load average 1.2):
 
 | batch | beam | beam_search | model alone | bookkeeping share |
 |---|---|---|---|---|
-| 1 | 1 | 24.0 ms | 18.8 ms | 22 % |
-| 1 | 4 | 22.3 ms | 30.3 ms | -36 % (the search stops early) |
-| 1 | 12 | 33.5 ms | 36.8 ms | -10 % |
-| 32 | 1 | 91.3 ms | 64.5 ms | 29 % |
-| 32 | 4 | 210.8 ms | 178.4 ms | 15 % |
-| 32 | 12 | 578.4 ms | 497.6 ms | 14 % |
+| 1 | 1 | 20.2 ms | 20.1 ms | 0 % |
+| 1 | 4 | 23.3 ms | 21.9 ms | 6 % |
+| 1 | 12 | 28.6 ms | 28.6 ms | 0 % |
+| 32 | 1 | 71.2 ms | 57.0 ms | 20 % |
+| 32 | 4 | 213.4 ms | 171.9 ms | 19 % |
+| 32 | 12 | 489.7 ms | 452.6 ms | 8 % |
 
-So the search is no longer where the time goes: at batch 32, beam 12 the model alone (498 ms) is already slower
-than the whole PyTorch search at 2 threads in bench row 5 (452 ms). The 1.5× target of issue 16 needs a faster
-RNNsearch decode step on the CPU (XLA's small matmuls at 384 rows against PyTorch's oneDNN), not less bookkeeping.
+So the search is no longer where the time goes. At batch 32, beam 12 the PyTorch search at 2 threads took 566 ms in
+bench row 5 of the same morning; 1.5x that is 377 ms, below the 453 ms the model alone needs here. The target of
+issue 16 needs a faster RNNsearch decode step on the CPU (XLA's small matmuls at 384 rows against PyTorch's
+oneDNN), not less bookkeeping (removing all of it would give 566 / 453 = 1.25x).
 """
 
 from __future__ import annotations
