@@ -8,16 +8,18 @@
 Rows (see README.md for what each measures and why):
 
 1. ``dot_product_attention`` (default path) vs ``jax.nn.dot_product_attention`` and PyTorch's
-   ``scaled_dot_product_attention``, forward and forward+backward;
-2. plain vs chunked attention: compiled peak memory as ``L`` grows, error and time of chunked vs plain;
+   ``scaled_dot_product_attention`` at 1 and 2 threads, forward and forward+backward;
+2. plain vs chunked attention: compiled peak memory as ``L`` grows, the peak RSS growth of one executed call
+   (fresh subprocesses), error and time of chunked vs plain;
 3. additive attention in a decoder ``lax.scan`` at the paper's sizes: naive autodiff vs the fused scorer;
 4. RNNsearch training throughput vs the same architecture in PyTorch (``torch_peers.py``), equal parameters;
 5. beam-search decoding speed for beams 1, 4, 12 at batch 1 and 32 vs a PyTorch batched beam search at 1 and 2 threads;
 6. compilations during a bucketed training run (must equal the number of batch shapes, not grow with steps).
 
 Timings are medians of repeated calls after a warm-up call (JAX programs are compiled ahead of time, so
-compilation is never timed), each call ended by ``jax.block_until_ready``; PyTorch runs with ``torch.set_num_threads(<usable cores>)``. Memory is XLA's compiled
-memory analysis (argument + output + temp bytes) of the jitted function, so the large rows are compiled,
+compilation is never timed), each call ended by ``jax.block_until_ready``; PyTorch runs with ``torch.set_num_threads(<usable cores>)`` unless a row names its thread counts (rows 1, 4
+and 5: 1 and 2). Memory is XLA's compiled
+memory analysis (argument + output + temp bytes) of the jitted function (row 2 also measures executed calls' RSS), so the large rows are compiled,
 never executed. Running ``--device cpu`` rewrites only the CPU section of ``--out`` and keeps an earlier GPU
 section (and vice versa). Exit status 1 if any row raised (its section then shows the error).
 """

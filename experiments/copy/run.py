@@ -40,12 +40,15 @@ import json
 import os
 import random
 import shutil
-import statistics
 import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, REPO)  # this checkout's attn_jax and experiments/, wherever the script is run from
+
+from experiments._results import load_results, mean_sd_cell, read_lines  # noqa: E402
+
 UNK = "<unk>"
 NAME_PARTICLE = "lo"  # attn_jax.data._lexicon.TARGET_PARTICLES[("m", False)]: names are masculine singular
 
@@ -159,11 +162,6 @@ def build_corpus(out: str, smoke: bool, rate: float) -> dict:
     return stats
 
 
-def read_lines(path: str) -> list[str]:
-    with open(path, encoding="utf-8") as f:
-        return f.read().split("\n")[:-1] if os.path.getsize(path) else []
-
-
 def name_recall(hyps: list[str], refs: list[str], names: set[str]) -> float:
     """Reference name tokens found in their hypothesis (clipped counts) over all reference name tokens.
 
@@ -203,9 +201,9 @@ def run_seed(args, variants: list[str], seed: int, names: set[str], caps: dict) 
     quiet_checkpoint_logs()
     corpus = os.path.join(args.out, "corpus")
     records = []
-    for variant in [
-        v for v in ("baseline", "copy") if v in variants or (v == "baseline" and "replace_unk" in variants)
-    ]:
+    # each training and the systems evaluated from it (replace_unk decodes the baseline's model)
+    trained_for = {"baseline": ("baseline", "replace_unk"), "copy": ("copy",)}
+    for variant in [v for v, systems in trained_for.items() if set(systems) & set(variants)]:
         overrides = [
             f"seed={seed}",
             f"num_train_steps={args.steps}",
@@ -231,10 +229,8 @@ def run_seed(args, variants: list[str], seed: int, names: set[str], caps: dict) 
         t0 = time.perf_counter()
         trained = train_and_evaluate(config, workdir, tty=False)
         train_s = time.perf_counter() - t0
-        evals = [(variant, False)] + ([("replace_unk", True)] if variant == "baseline" else [])
-        for name, replace in evals:
-            if name not in variants:
-                continue
+        for name in (n for n in trained_for[variant] if n in variants):
+            replace = name == "replace_unk"
             t0 = time.perf_counter()
             result = evaluate_workdir(
                 workdir,
@@ -258,14 +254,6 @@ def run_seed(args, variants: list[str], seed: int, names: set[str], caps: dict) 
     return records
 
 
-def load_results(out: str) -> list[dict]:
-    path = os.path.join(out, "results.jsonl")
-    if not os.path.exists(path):
-        return []
-    with open(path, encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
-
-
 def table(records: list[dict]) -> str:
     """Mean ± sd over seeds per variant (markdown)."""
     cols = [
@@ -283,13 +271,7 @@ def table(records: list[dict]) -> str:
             continue
         cells = []
         for key, _, scale in cols:
-            xs = [r[key] * scale for r in rs if r.get(key) is not None]
-            if not xs:
-                cells.append("n/a")
-            elif len(xs) == 1:
-                cells.append(f"{xs[0]:.2f}")
-            else:
-                cells.append(f"{statistics.mean(xs):.2f} ± {statistics.stdev(xs):.2f}")
+            cells.append(mean_sd_cell([r[key] * scale for r in rs if r.get(key) is not None]))
         label = {"baseline": "no copy", "replace_unk": "no copy + replace_unk", "copy": "model.copy"}[variant]
         lines.append(f"| {label} | {','.join(str(r['seed']) for r in rs)} | " + " | ".join(cells) + " |")
     if records:
@@ -338,5 +320,4 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, REPO)
     main()

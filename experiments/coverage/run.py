@@ -27,12 +27,15 @@ import collections
 import json
 import os
 import shutil
-import statistics
 import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, REPO)  # this checkout's attn_jax and experiments/, wherever the script is run from
+
+from experiments._results import load_results, mean_sd_cell, read_lines  # noqa: E402
+
 LONG = 40  # source words: the "40+" sentences
 
 
@@ -56,11 +59,6 @@ def repetition(sentences: list[str]) -> dict[str, float]:
         "rep3": sum(r > 0 for r, _ in pairs) / max(len(pairs), 1),
         "rep3_rate": sum(r for r, _ in pairs) / max(total, 1),
     }
-
-
-def read_lines(path: str) -> list[str]:
-    with open(path, encoding="utf-8") as f:
-        return f.read().split("\n")[:-1] if os.path.getsize(path) else []
 
 
 def run_one(args, variant: str, seed: int) -> dict:
@@ -123,14 +121,6 @@ def run_one(args, variant: str, seed: int) -> dict:
     return record
 
 
-def load_results(out: str) -> list[dict]:
-    path = os.path.join(out, "results.jsonl")
-    if not os.path.exists(path):
-        return []
-    with open(path, encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
-
-
 def table(records: list[dict]) -> str:
     """Mean ± sd over seeds per variant (markdown)."""
     cols = [
@@ -155,13 +145,7 @@ def table(records: list[dict]) -> str:
         rs = [r for r in records if group_of(r) == (variant, lam, start)]
         cells = []
         for key, _, scale in cols:
-            xs = [r[key] * scale for r in rs if r.get(key) is not None]
-            if not xs:
-                cells.append("n/a")
-            elif len(xs) == 1:
-                cells.append(f"{xs[0]:.2f}")
-            else:
-                cells.append(f"{statistics.mean(xs):.2f} ± {statistics.stdev(xs):.2f}")
+            cells.append(mean_sd_cell([r[key] * scale for r in rs if r.get(key) is not None]))
         seeds = ",".join(str(r["seed"]) for r in rs)
         name = variant if variant == "baseline" else f"{variant}, λ = {lam:g}"
         if start:
@@ -217,5 +201,4 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, REPO)
     main()
