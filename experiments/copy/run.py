@@ -127,6 +127,7 @@ def build_corpus(out: str, smoke: bool, rate: float) -> dict:
     stats = {}
     counts = {"src": collections.Counter(), "tgt": collections.Counter()}
     for split, pairs in splits.items():
+        generated = len(pairs)
         if split == "train":  # the pairs of at most 30 words per side, as the config keeps
             pairs = [p for p in pairs if max(len(p.source.split()), len(p.target.split())) <= 30]
         pool = train_pool if split == "train" else eval_pool
@@ -137,6 +138,7 @@ def build_corpus(out: str, smoke: bool, rate: float) -> dict:
         tokens = [w for r in rows for w in r[1].split()]
         stats[split] = {
             "pairs": len(rows),
+            "dropped_over_30_words": generated - len(rows),  # training only: the config's length limit
             "pairs_with_names": sum(any(w in names for w in r[0].split()) for r in rows),
             "target_name_share": sum(w in names for w in tokens) / max(len(tokens), 1),
         }
