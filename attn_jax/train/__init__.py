@@ -45,6 +45,7 @@ from attn_jax.train._config import (
 )
 from attn_jax.train._coverage import coverage_loss
 from attn_jax.train._diagnostics import DIAG_BAND, AttentionStats, attention_stats, summarize_attention
+from attn_jax.train._host_memory import HostAllocator, tune_host_allocator
 from attn_jax.train._inputs import (
     Inputs,
     SplitReport,
@@ -104,6 +105,7 @@ __all__ = [
     "CheckpointUnreadable",
     "ConfigError",
     "EvalMetrics",
+    "HostAllocator",
     "EventWriter",
     "Inputs",
     "LossSums",
@@ -158,4 +160,5 @@ __all__ = [
     "token_cross_entropy",
     "train_and_evaluate",
     "train_step",
+    "tune_host_allocator",
 ]

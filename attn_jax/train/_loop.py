@@ -71,6 +71,7 @@ from attn_jax.train._config import (
     parallel_axes,
 )
 from attn_jax.train._diagnostics import summarize_attention
+from attn_jax.train._host_memory import tune_host_allocator
 from attn_jax.train._inputs import data_state, describe_split, make_inputs, restore_data_state
 from attn_jax.train._metrics import MetricsLogger, format_duration
 from attn_jax.train._sharded import (
@@ -564,6 +565,7 @@ def train_and_evaluate(
     check_config(config)
     workdir = os.path.abspath(os.fspath(workdir))
     _prepare_workdir(workdir)
+    allocator = tune_host_allocator()  # before the first JAX computation; its line is logged below
     place = _OneDevice(config) if config.parallel.strategy == "none" else _Mesh(config)
     lead = jax.process_index() == 0  # the process that writes files and talks to the terminal
     ckpt = CheckpointManager(
@@ -585,6 +587,7 @@ def train_and_evaluate(
                 f"{workdir} already holds checkpoints (latest: step {latest}); pass --resume to continue that "
                 "run or choose another --workdir"
             )
+        logger.log(allocator.message)
         where = _tfds_location(config.data) if lead else None
         if where is not None:
             logger.log(where)

@@ -102,12 +102,16 @@ def package_versions() -> dict[str, str]:
 def machine() -> dict[str, str]:
     import jax
 
+    from attn_jax.train import tune_host_allocator
+
     return {
         "platform": platform.platform(),
         "processor": platform.processor() or platform.machine(),
         "cpu_count": str(os.cpu_count()),
         "jax_backend": jax.default_backend(),
         "jax_devices": ", ".join(str(d) for d in jax.devices()),
+        # what the first train_and_evaluate set (or why not): speed only, the arithmetic is the same
+        "host_allocator": tune_host_allocator().message.removeprefix("host allocator: "),
     }
 
 

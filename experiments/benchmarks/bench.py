@@ -256,6 +256,7 @@ class Ctx:
     torch: object | None
     torch_device: str | None  # None: no PyTorch peer on this device
     mem_limit: int  # never execute a JAX program whose compiled footprint exceeds this
+    allocator: str = ""  # attn_jax.train.tune_host_allocator()'s message: what the host allocator was set to
 
     def log(self, msg: str) -> None:
         print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
@@ -1457,6 +1458,7 @@ def machine_info(ctx: Ctx) -> list[tuple[str, str]]:
         ("platform", platform.platform()),
         ("JAX devices", ", ".join(str(d.device_kind) for d in ctx.jax.local_devices())),
         ("load average at start (1 min)", f"{os.getloadavg()[0]:.2f}" if hasattr(os, "getloadavg") else "?"),
+        ("host allocator (both sides)", ctx.allocator.removeprefix("host allocator: ")),
     ]
     versions = [("python", platform.python_version())]
     for name in ("jax", "jaxlib", "flax", "optax", "numpy", "torch"):
@@ -1569,6 +1571,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         os.environ.pop("JAX_PLATFORMS", None)
     sys.path.insert(0, HERE)  # torch_peers
+    # What `attn-jax train` does before JAX starts (attn_jax/train/_host_memory.py): one process-wide malloc
+    # setting, so both sides of every row, PyTorch included, run under it.
+    from attn_jax.train import tune_host_allocator
+
+    allocator = tune_host_allocator().message
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -1602,7 +1609,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         torch=torch,
         torch_device=torch_device,
         mem_limit=12 * GIB if args.device == "cpu" else 60 * GIB,
+        allocator=allocator,
     )
+    ctx.log(allocator)
     if torch is None:
         ctx.log("PyTorch is not installed: the PyTorch columns say n/a (install the `bench` extra)")
     info = machine_info(ctx)

@@ -1,0 +1,121 @@
+"""Keep freed host memory in the C allocator, so that XLA's per-call temp buffer is not faulted in afresh each step.
+
+On the CPU, XLA allocates one temp buffer per call of a compiled program (the RNNsearch train step at the bench's
+paper-like size: 442 MiB) and frees it at the end. glibc's ``malloc`` serves any block over 32 MiB with a fresh
+``mmap`` and returns it with ``munmap``, and XLA's worker threads allocate from arenas that ``mmap`` large blocks
+whatever ``M_MMAP_MAX`` says; so every step the kernel zero-fills the whole buffer again, one 4 KiB page fault at a
+time (113,000 faults and about a quarter of the step's time on 2 cores, measured with ``getrusage``). Three
+``mallopt`` settings, made before JAX starts its CPU threads, keep the block in the heap instead:
+
+* ``M_ARENA_MAX = 1``: every thread allocates from the main arena (which grows with ``brk``, never bounded);
+* ``M_MMAP_MAX = 0``: no block is served by ``mmap``;
+* ``M_TRIM_THRESHOLD = 2 GiB - 1``: up to that much free memory at the top of the heap is kept, not returned.
+
+The cost is that the process keeps up to its largest step's temp memory after a call ends (it is reused by the
+next call), and one arena for all threads. PyTorch users get the same effect from preloading jemalloc or tcmalloc;
+this needs no preload. Opt out with ``ATTN_JAX_HOST_ALLOCATOR=default``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import importlib.metadata
+import os
+import pkgutil
+import platform
+import sys
+from typing import NamedTuple
+
+__all__ = ["HostAllocator", "tune_host_allocator"]
+
+ENV = "ATTN_JAX_HOST_ALLOCATOR"
+_M_TRIM_THRESHOLD, _M_MMAP_MAX, _M_ARENA_MAX = -1, -4, -8  # glibc <malloc.h>
+TRIM_THRESHOLD = (1 << 31) - 1  # mallopt takes an int
+SETTINGS = {"M_ARENA_MAX": 1, "M_MMAP_MAX": 0, "M_TRIM_THRESHOLD": TRIM_THRESHOLD}
+_DONE: list[HostAllocator] = []  # the first call's answer; mallopt is process-wide and set once
+
+
+class HostAllocator(NamedTuple):
+    """What :func:`tune_host_allocator` did: ``applied`` and a one-line ``message`` saying what or why not."""
+
+    applied: bool
+    message: str
+
+
+def _jax_started() -> bool:
+    """True if JAX has already created a backend (and with it the CPU threads, each bound to its own arena)."""
+    bridge = sys.modules.get("jax._src.xla_bridge")
+    return bool(getattr(bridge, "_backends", None))
+
+
+def _accelerator_plugin() -> str | None:
+    """The name of an installed JAX accelerator plugin that JAX would use, or ``None``."""
+    platforms = os.environ.get("JAX_PLATFORMS", "")
+    if platforms and all(p.strip() == "cpu" for p in platforms.split(",")):
+        return None
+    names = [ep.name for ep in importlib.metadata.entry_points(group="jax_plugins")]
+    try:
+        import jax_plugins  # namespace package of plugins such as jax_cuda12_plugin
+
+        names += [m.name for m in pkgutil.iter_modules(jax_plugins.__path__)]
+    except ImportError:
+        pass
+    return names[0] if names else None
+
+
+def tune_host_allocator() -> HostAllocator:
+    """Set glibc's ``malloc`` to keep freed memory (see the module docstring); call before JAX's first computation.
+
+    Applied only on Linux with glibc, when JAX computes on the CPU (no accelerator plugin installed, or
+    ``JAX_PLATFORMS=cpu``), when JAX has not started yet, and unless ``ATTN_JAX_HOST_ALLOCATOR=default``. Every
+    call returns the first call's answer, whose ``message`` says what was set or why nothing was: print it where the
+    user reads the run's set-up.
+
+    Returns:
+      :class:`HostAllocator` ``(applied, message)``.
+
+    Example (at the top of a training script, before anything computes with JAX)::
+
+        from attn_jax.train import tune_host_allocator
+        print(tune_host_allocator().message)
+    """
+    if _DONE:
+        return _DONE[0]
+    prefix = "host allocator:"
+    choice = os.environ.get(ENV, "keep").strip().lower()
+    reason = None
+    if choice not in ("keep", "default"):
+        reason = f"left as it is: {ENV}={choice!r} is neither 'keep' nor 'default'"
+    elif choice == "default":
+        reason = f"glibc's default ({ENV}=default)"
+    elif sys.platform != "linux" or platform.libc_ver()[0] != "glibc":
+        reason = f"left as it is (not Linux with glibc: {sys.platform}, {platform.libc_ver()[0] or 'unknown libc'})"
+    elif _jax_started():
+        reason = (
+            "left as it is: JAX had already started (call attn_jax.train.tune_host_allocator() before the first "
+            "JAX computation)"
+        )
+    elif (plugin := _accelerator_plugin()) is not None:
+        reason = f"left as it is: JAX has an accelerator plugin ({plugin}), so XLA's buffers are not in host memory"
+    if reason is None:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        codes = {
+            "M_ARENA_MAX": _M_ARENA_MAX,
+            "M_MMAP_MAX": _M_MMAP_MAX,
+            "M_TRIM_THRESHOLD": _M_TRIM_THRESHOLD,
+        }
+        failed = [k for k, v in SETTINGS.items() if libc.mallopt(codes[k], v) != 1]
+        if failed:
+            reason = f"mallopt refused {', '.join(failed)}; the allocator may be partly changed"
+    if reason is None:
+        settings = ", ".join(f"{k}={v}" for k, v in SETTINGS.items())
+        answer = HostAllocator(
+            True,
+            f"{prefix} glibc malloc keeps freed memory ({settings}), so XLA's per-step temp buffer is reused "
+            f"instead of page-faulted in again; {ENV}=default turns this off",
+        )
+    else:
+        answer = HostAllocator(False, f"{prefix} {reason}")
+    _DONE.append(answer)
+    return answer
