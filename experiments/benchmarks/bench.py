@@ -1520,9 +1520,9 @@ def device_section(ctx: Ctx, sections: Sequence[Section], info, argv: Sequence[s
     status = []
     for sec in sections:
         for header, rows in sec.tables:
-            if "status" in header or any(h.startswith("target") for h in header):
-                col = len(header) - 1
-                status += [r[col] for r in rows if r[col] in ("met", "MISSED")]
+            # every target column: rows 1 and 5 have one per peer (torch at 1 and at 2 threads), not only the last
+            cols = [i for i, h in enumerate(header) if h == "status" or h.startswith("target")]
+            status += [r[i] for r in rows for i in cols if r[i] in ("met", "MISSED")]
     lines.append(
         f"Targets: {status.count('met')} met, {status.count('MISSED')} MISSED"
         + (
