@@ -622,7 +622,7 @@ _CHUNKED_MIN_LOGITS = 4096 * 4096
 # plain path from T·S = 512² on: measured at B 4, H 8, K 64 on 2 cores (plain / chunked time, forward and forward
 # + backward): L 256 0.70 / 0.65 (plain wins), L 512 1.4 / 1.4, L 1024 1.5 / 1.4, L 2048 1.9 / 1.6. Much of the plain
 # path's loss is page faults: its [B, H, T, S] temporaries are fresh mmaps on every call under glibc's default
-# allocator. With attn_jax.train.tune_host_allocator (the trainer's, the bench's) the two tie from 512 to 2048
+# allocator. With attn_jax.tune_host_allocator (the trainer's, the bench's) the two tie from 512 to 2048
 # (plain / chunked 0.9-1.04 on a 2-core AMD EPYC; the chunked backward recomputes P, 7 matmuls to 6), so the
 # threshold stays at 512², where it wins by 1.4-2.5x under the default allocator and costs at most ~10 % under the
 # tuned one, with O(T + S) memory instead of O(T·S). Seen and left: at L 768 (not a multiple of the 512 block,

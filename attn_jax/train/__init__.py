@@ -9,6 +9,7 @@ The step is the Flax examples' pure ``train_step(state, batch) -> (state, metric
 models, data and optax/orbax/ml_collections; models never import it.
 """
 
+from attn_jax._host_memory import HostAllocator, tune_host_allocator  # re-exported: the trainer's
 from attn_jax.train._align import AlignmentSums, alignment_loss, alignment_loss_sums
 from attn_jax.train._average import (
     Averaged,
@@ -45,7 +46,6 @@ from attn_jax.train._config import (
 )
 from attn_jax.train._coverage import coverage_loss
 from attn_jax.train._diagnostics import DIAG_BAND, AttentionStats, attention_stats, summarize_attention
-from attn_jax.train._host_memory import HostAllocator, tune_host_allocator
 from attn_jax.train._inputs import (
     Inputs,
     SplitReport,

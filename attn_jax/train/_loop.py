@@ -57,6 +57,7 @@ import ml_collections
 import numpy as np
 from jax.experimental import multihost_utils
 
+from attn_jax._host_memory import tune_host_allocator
 from attn_jax.data import Batch
 from attn_jax.parallel import batch_sharding, make_mesh, replicated, rules_for
 from attn_jax.train._checkpoint import CheckpointManager, CheckpointUnreadable, Restored, _describe
@@ -71,7 +72,6 @@ from attn_jax.train._config import (
     parallel_axes,
 )
 from attn_jax.train._diagnostics import summarize_attention
-from attn_jax.train._host_memory import tune_host_allocator
 from attn_jax.train._inputs import data_state, describe_split, make_inputs, restore_data_state
 from attn_jax.train._metrics import MetricsLogger, format_duration
 from attn_jax.train._sharded import (

@@ -102,7 +102,7 @@ def package_versions() -> dict[str, str]:
 def machine() -> dict[str, str]:
     import jax
 
-    from attn_jax.train import tune_host_allocator
+    from attn_jax import tune_host_allocator
 
     return {
         "platform": platform.platform(),

@@ -256,7 +256,7 @@ class Ctx:
     torch: object | None
     torch_device: str | None  # None: no PyTorch peer on this device
     mem_limit: int  # never execute a JAX program whose compiled footprint exceeds this
-    allocator: str = ""  # attn_jax.train.tune_host_allocator()'s message: what the host allocator was set to
+    allocator: str = ""  # attn_jax.tune_host_allocator()'s message: what the host allocator was set to
 
     def log(self, msg: str) -> None:
         print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
@@ -1592,9 +1592,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         os.environ.pop("JAX_PLATFORMS", None)
     sys.path.insert(0, HERE)  # torch_peers
-    # What `attn-jax train` does before JAX starts (attn_jax/train/_host_memory.py): one process-wide malloc
+    # What `attn-jax train` does before JAX starts (attn_jax/_host_memory.py): one process-wide malloc
     # setting, so both sides of every row, PyTorch included, run under it.
-    from attn_jax.train import tune_host_allocator
+    from attn_jax import tune_host_allocator
 
     allocator = tune_host_allocator().message
     import jax

@@ -77,8 +77,8 @@ def tune_host_allocator() -> HostAllocator:
 
     Example (at the top of a training script, before anything computes with JAX)::
 
-        from attn_jax.train import tune_host_allocator
-        print(tune_host_allocator().message)
+        import attn_jax
+        print(attn_jax.tune_host_allocator().message)
     """
     if _DONE:
         return _DONE[0]
@@ -93,7 +93,7 @@ def tune_host_allocator() -> HostAllocator:
         reason = f"left as it is (not Linux with glibc: {sys.platform}, {platform.libc_ver()[0] or 'unknown libc'})"
     elif _jax_started():
         reason = (
-            "left as it is: JAX had already started (call attn_jax.train.tune_host_allocator() before the first "
+            "left as it is: JAX had already started (call attn_jax.tune_host_allocator() before the first "
             "JAX computation)"
         )
     elif (plugin := _accelerator_plugin()) is not None:
