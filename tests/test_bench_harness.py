@@ -1,25 +1,13 @@
 """experiments/benchmarks/bench.py's own bookkeeping: the targets summary counts every target column, and
 measure_interleaved settles short calls before timing them (no PyTorch needed)."""
 
-import importlib.util
-import os
-import sys
 import types
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-HERE = os.path.join(REPO, "experiments", "benchmarks")
-
-
-def _load_bench(monkeypatch):
-    spec = importlib.util.spec_from_file_location("bench_for_harness", os.path.join(HERE, "bench.py"))
-    mod = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, spec.name, mod)  # its dataclasses look their module up there
-    spec.loader.exec_module(mod)
-    return mod
+from tests.bench_module import load_bench
 
 
 def test_targets_summary_counts_every_target_column(monkeypatch):
-    bench = _load_bench(monkeypatch)
+    bench = load_bench(monkeypatch)
     sec = bench.Section("1. rows with a target per peer")
     # Row 1's layout: a target column after each ratio; the last one alone used to be counted (2 met, 0 MISSED).
     sec.table(
@@ -39,7 +27,7 @@ def test_targets_summary_counts_every_target_column(monkeypatch):
 
 
 def test_measure_interleaved_settles_short_calls_only(monkeypatch):
-    bench = _load_bench(monkeypatch)
+    bench = load_bench(monkeypatch)
     counts = {"short": 0, "long": 0}
 
     def call(name):

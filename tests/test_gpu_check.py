@@ -2,12 +2,13 @@
 sizes, exits 0 and leaves RESULTS.md alone; and bench.py's writer keeps the section gpu_check.py writes."""
 
 import hashlib
-import importlib.util
 import os
 import subprocess
 import sys
 
 import pytest
+
+from tests.bench_module import load_bench
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HERE = os.path.join(REPO, "experiments", "benchmarks")
@@ -44,16 +45,8 @@ def test_without_a_gpu_it_says_so_checks_every_section_and_writes_nothing():
     assert (_state(RESULTS), _state(JSON)) == before
 
 
-def _load_bench(monkeypatch):
-    spec = importlib.util.spec_from_file_location("bench_for_gpu_check", os.path.join(HERE, "bench.py"))
-    mod = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, spec.name, mod)  # its dataclasses look their module up there
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def test_bench_rewriting_its_sections_keeps_the_gpu_check_section(tmp_path, monkeypatch):
-    bench = _load_bench(monkeypatch)
+    bench = load_bench(monkeypatch)
     path = str(tmp_path / "RESULTS.md")
     bench.write_results(path, "gpu-check", "## GPU check\n\nnumbers from the GPU")
     bench.write_results(path, "cpu", "## CPU\n\nnew CPU numbers")
