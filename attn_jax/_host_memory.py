@@ -11,8 +11,11 @@ time (113,000 faults and about a quarter of the step's time on 2 cores, measured
 * ``M_MMAP_MAX = 0``: no block is served by ``mmap``;
 * ``M_TRIM_THRESHOLD = 2 GiB - 1``: up to that much free memory at the top of the heap is kept, not returned.
 
-The cost is that the process keeps up to its largest step's temp memory after a call ends (it is reused by the
-next call), and one arena for all threads. PyTorch users get the same effect from preloading jemalloc or tcmalloc;
+The costs: the process keeps up to its largest step's temp memory after a call ends (it is reused by the next
+call), and one arena for all threads, which slows XLA's multi-threaded compilation (measured on 2 cores: the first
+RNNsearch train step, compilation included, 3.4 -> 5.0 s at the bench size, 4.8 -> 5.3 s at the paper-like size,
+5.1 -> 7.1 s for configs/rnnsearch_cpu.py) while every later step is faster (108 -> 90 ms, 0.68 -> 0.64 s, and
++11 % tokens/s). A short run of a small model can therefore end a few seconds later; a long or large one gains. PyTorch users get the same effect from preloading jemalloc or tcmalloc;
 this needs no preload. Opt out with ``ATTN_JAX_HOST_ALLOCATOR=default``.
 """
 
