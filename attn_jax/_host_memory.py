@@ -15,8 +15,9 @@ The costs: the process keeps up to its largest step's temp memory after a call e
 call), and one arena for all threads, which slows XLA's multi-threaded compilation (measured on 2 cores: the first
 RNNsearch train step, compilation included, 3.4 -> 5.0 s at the bench size, 4.8 -> 5.3 s at the paper-like size,
 5.1 -> 7.1 s for configs/rnnsearch_cpu.py) while every later step is faster (108 -> 90 ms, 0.68 -> 0.64 s, and
-+11 % tokens/s). A short run of a small model can therefore end a few seconds later; a long or large one gains. PyTorch users get the same effect from preloading jemalloc or tcmalloc;
-this needs no preload. Opt out with ``ATTN_JAX_HOST_ALLOCATOR=default``.
++11 % tokens/s). A short run of a small model can therefore end a few seconds later; a long or large one gains.
+PyTorch users get the same effect from preloading jemalloc or tcmalloc; this needs no preload. Opt out with
+``ATTN_JAX_HOST_ALLOCATOR=default``.
 """
 
 from __future__ import annotations
@@ -33,9 +34,8 @@ from typing import NamedTuple
 __all__ = ["HostAllocator", "tune_host_allocator"]
 
 ENV = "ATTN_JAX_HOST_ALLOCATOR"
-_M_TRIM_THRESHOLD, _M_MMAP_MAX, _M_ARENA_MAX = -1, -4, -8  # glibc <malloc.h>
-TRIM_THRESHOLD = (1 << 31) - 1  # mallopt takes an int
-SETTINGS = {"M_ARENA_MAX": 1, "M_MMAP_MAX": 0, "M_TRIM_THRESHOLD": TRIM_THRESHOLD}
+# (name, glibc <malloc.h> parameter code, value) in the order they are set; mallopt takes an int
+SETTINGS = (("M_ARENA_MAX", -8, 1), ("M_MMAP_MAX", -4, 0), ("M_TRIM_THRESHOLD", -1, (1 << 31) - 1))
 _DONE: list[HostAllocator] = []  # the first call's answer; mallopt is process-wide and set once
 
 
@@ -103,16 +103,11 @@ def tune_host_allocator() -> HostAllocator:
         reason = f"left as it is: JAX has an accelerator plugin ({plugin}), so XLA's buffers are not in host memory"
     if reason is None:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        codes = {
-            "M_ARENA_MAX": _M_ARENA_MAX,
-            "M_MMAP_MAX": _M_MMAP_MAX,
-            "M_TRIM_THRESHOLD": _M_TRIM_THRESHOLD,
-        }
-        failed = [k for k, v in SETTINGS.items() if libc.mallopt(codes[k], v) != 1]
+        failed = [name for name, code, value in SETTINGS if libc.mallopt(code, value) != 1]
         if failed:
             reason = f"mallopt refused {', '.join(failed)}; the allocator may be partly changed"
     if reason is None:
-        settings = ", ".join(f"{k}={v}" for k, v in SETTINGS.items())
+        settings = ", ".join(f"{name}={value}" for name, _, value in SETTINGS)
         answer = HostAllocator(
             True,
             f"{prefix} glibc malloc keeps freed memory ({settings}), so XLA's per-step temp buffer is reused "
