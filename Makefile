@@ -79,9 +79,9 @@ gpu-check: $(STAMP)
 	$(BIN)/python experiments/benchmarks/gpu_check.py --out experiments/benchmarks/RESULTS.md $(GPU_CHECK_ARGS)
 
 # --strict: a warning (a broken link or anchor, a reference to a renamed function, a docstring parameter that is
-# not in the signature) fails the build.
+# not in the signature) fails the build. Not --quiet: it hides the warnings from --strict, and the build passes.
 docs: $(STAMP)
-	$(BIN)/mkdocs build --strict --quiet
+	$(BIN)/mkdocs build --strict
 
 lint: $(STAMP)
 	$(BIN)/ruff check attn_jax tests experiments configs
