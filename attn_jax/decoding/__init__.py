@@ -3,9 +3,8 @@
 * :func:`beam_search` — batched, jit-compiled beam search with GNMT's length normalisation and coverage
   penalty, n-best lists, ensembles, and the attention matrix of every returned hypothesis.
 * :func:`greedy_decode` — beam search with one hypothesis and no penalties (the argmax loop).
-* :class:`LengthLimit` — how long a translation may grow (``max(minimum, ⌊ratio · n⌋ + offset)`` tokens), the
-  one rule ``attn-jax translate`` and ``evaluate`` share; beam search flags each hypothesis it cut there
-  (``BeamResult.truncated``).
+* :class:`LengthLimit` — how long a translation may grow: the one rule ``attn-jax translate`` and ``evaluate``
+  share, defined in its docstring. Beam search flags each hypothesis it cut there (``BeamResult.truncated``).
 * :func:`length_penalty`, :func:`coverage_penalty`, :func:`normalized_score` — Wu et al. (2016), eq. 14.
 
 Decoding imports only the models' step interface (never data or training code).
