@@ -237,3 +237,27 @@ def zero_masked_queries(
         return queries
     _check_rows("queries", queries, mask, -2)
     return zero_rows(queries, live_rows(jnp.asarray(mask), np.shape(queries), -2))
+
+
+def finite_rows(x: Float[Array, "... L F"]) -> tuple[Float[Array, "... L F"], Bool[Array, "... L"]]:
+    """``(x with its rows holding NaN or ±inf zeroed, whether each row is finite)`` for a scorer's input.
+
+    A scorer takes no mask, so it cannot tell padding from data. It computes on the zeroed rows and then marks
+    their results NaN with :func:`nan_unless`: a read NaN row still gives a NaN answer, while a masked one
+    meets no arithmetic, so its gradient is exactly 0 and ``0 · NaN`` never forms in the backward pass.
+    """
+    x = jnp.asarray(x)
+    finite = jnp.all(jnp.isfinite(x), axis=-1)
+    return jnp.where(finite[..., None], x, jnp.zeros((), x.dtype)), finite
+
+
+def nan_unless(
+    scores: Float[Array, "... T S"],
+    finite_q: Bool[Array, "... T"] | None,
+    finite_k: Bool[Array, "... S"] | None,
+) -> Float[Array, "... T S"]:
+    """``scores`` with NaN in the pairs whose query or key row was not finite (see :func:`finite_rows`)."""
+    ok = None if finite_q is None else finite_q[..., :, None]
+    if finite_k is not None:
+        ok = finite_k[..., None, :] if ok is None else jnp.logical_and(ok, finite_k[..., None, :])
+    return jnp.where(ok, scores, jnp.asarray(jnp.nan, scores.dtype))
