@@ -321,6 +321,7 @@ def _train(args: argparse.Namespace, joined: bool) -> int:
         CheckpointSaveError,
         CheckpointUnreadable,
         ConfigError,
+        RunLocked,
         TrainingDiverged,
         WorkdirError,
         apply_overrides,
@@ -348,7 +349,7 @@ def _train(args: argparse.Namespace, joined: bool) -> int:
         return _error(e, 1)
     except TrainingDiverged as e:
         return _error(e, 3)
-    except (WorkdirError, CheckpointSaveError, CheckpointUnreadable) as e:
+    except (WorkdirError, RunLocked, CheckpointSaveError, CheckpointUnreadable) as e:
         return _error(e, 1)
     except OSError as e:  # any other file the run writes (metrics, vocabularies, TensorBoard): a full disk
         where = f"{e.filename}: " if e.filename else ""
