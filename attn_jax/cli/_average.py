@@ -86,7 +86,8 @@ def run_average(args: argparse.Namespace) -> int:
     lock = None
     try:
         if os.path.isdir(workdir):  # a missing run is the averaging's own error
-            lock = lock_run(workdir, "average")  # a run that trains may add or delete checkpoints meanwhile
+            # a run that trains may add or delete checkpoints meanwhile; the source run gets no new file
+            lock = lock_run(workdir, "average", create=False)
         if args.last is not None:
             steps = last_steps(workdir, args.last)
             name = f"averaged-last-{args.last}"

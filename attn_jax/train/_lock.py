@@ -63,21 +63,25 @@ def _holder(fd: int) -> tuple[int | None, str]:
     return None, ""
 
 
-def lock_run(workdir: str | os.PathLike, command: str) -> RunLock:
+def lock_run(workdir: str | os.PathLike, command: str, *, create: bool = True) -> RunLock:
     """Take ``workdir``'s lock for ``command`` (``"train"``, ``"average"``) or raise :class:`RunLocked`.
 
-    The directory must exist. A directory where the lock file cannot be created (read-only) and does not
-    exist was never locked by a trainer, which needs to write there: the caller proceeds without a lock.
+    The directory must exist. Without ``create`` (a reader such as ``average``, which leaves the run as it
+    is), or where the lock file cannot be created (read-only), a missing lock file means that no trainer
+    has ever locked the run: the caller proceeds without a lock.
     """
     path = os.path.join(os.fspath(workdir), LOCK_NAME)
-    writable = True
-    try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-    except OSError:  # a read-only run: an existing lock file can still be locked
-        writable = False
+    fd = None
+    if create:
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except OSError:  # a read-only run: an existing lock file can still be locked
+            pass
+    writable = fd is not None
+    if fd is None:
         try:
             fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-        except FileNotFoundError:
+        except OSError:  # no lock file (never locked), or one this user cannot open: nothing to hold
             return RunLock(None)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
