@@ -186,12 +186,12 @@ def zero_masked_keys(
 
     .. math:: \tilde k_j = \begin{cases} k_j & \exists i:\, m_{ij} \\ 0 & \text{otherwise} \end{cases}
 
-    The attention functions of this library call this themselves. Call it when you compose a scorer that has
-    no mask (:func:`dot_scores`, :func:`general_scores`, :func:`concat_scores`, :func:`project_keys`) with
-    :func:`luong_attention` or :func:`attend`: a masked key gets weight 0, but a NaN or ±inf in it would still
-    make the gradients NaN (``0 · NaN``), since the scorer's backward multiplies the key by the masked logit's
-    zero cotangent. The function is unchanged and the gradient w.r.t. a zeroed row is exactly 0. A key broadcast
-    over a batch axis of the mask (heads) is kept if any element reads it.
+    The attention functions of this library call this themselves, and its scorers handle non-finite rows
+    (:func:`finite_rows`). Call it when you compose a scorer of your own with :func:`luong_attention` or
+    :func:`attend`: a masked key gets weight 0, but a NaN or ±inf in it would still make the gradients NaN
+    (``0 · NaN``), since the scorer's backward multiplies the key by the masked logit's zero cotangent. The
+    function is unchanged and the gradient w.r.t. a zeroed row is exactly 0. A key broadcast over a batch axis
+    of the mask (heads) is kept if any element reads it.
 
     Args:
       keys: ``[..., S, D]`` (keys, values, annotations, projected keys).
