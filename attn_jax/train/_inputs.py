@@ -263,14 +263,14 @@ def _train_sentencepiece(
         got.append(f"{side} {vocab.size:,} pieces{fewer}")
     first = f"the first {cap:,} of " if len(sources) > cap else ""
     what = (
-        "one joint vocabulary (data.joint_vocab) trained on the sources and targets of"
+        f"one joint SentencePiece {d.sentencepiece_type} vocabulary (data.joint_vocab) trained on the sources and "
+        "targets of"
         if joint
-        else ("vocabularies trained on")
+        else f"SentencePiece {d.sentencepiece_type} vocabularies trained on"
     )
     line = (
-        f"data: SentencePiece {d.sentencepiece_type} {what} {first}the {len(sources):,} training "
-        f"pairs of at most {d.max_source_length} source and {d.max_target_length} target words: {', '.join(got)}, "
-        "the four specials included"
+        f"data: {what} {first}the {len(sources):,} training pairs of at most {d.max_source_length} source and "
+        f"{d.max_target_length} target words: {', '.join(got)}, the four specials included"
     )
     src, tgt = (vocabs[0], vocabs[0]) if joint else vocabs
     return src, tgt, line
