@@ -3,6 +3,7 @@
 batches resumes exactly."""
 
 import io
+import json
 import pathlib
 
 import jax
@@ -142,7 +143,10 @@ def test_shared_embeddings_train_and_decode(joint_run):
     # one matrix for source, target and softmax: no source embedding, the softmax keeps only its bias
     assert "src_embed" not in params and list(params["output"]) == ["bias"]
     loaded = pipeline.load_model(workdir, "last")
-    built = make_inputs(config, str(workdir / "vocab"), reuse_vocab=True).src_vocab
+    inputs = make_inputs(config, str(workdir / "vocab"), reuse_vocab=True)
+    built = inputs.src_vocab
+    report = json.loads((workdir / "data.json").read_text())["train_batches"]
+    assert report == [s._asdict() for s in inputs.batch_stats] and report[0]["rows"] == 8
     assert loaded.src_vocab == loaded.tgt_vocab == built
     assert params["tgt_embed"].shape[0] == built.size
     source = " ".join(built.tokens[4:9])  # five frequent words of the joint vocabulary

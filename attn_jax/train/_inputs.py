@@ -291,11 +291,11 @@ def _joint_words(d: ml_collections.ConfigDict, sources: list[str], targets: list
 
 def describe_batches(config: ml_collections.ConfigDict, stats: list[data.BucketStats]) -> list[str]:
     """The start-up lines of token batches: per bucket, sentences a batch and real / padded tokens."""
-    d, eos = config.data, "with </s>"
+    d = config.data
     lines = [
         f"data: token batches (data.batch_tokens={d.batch_tokens:,}): rows × padded length <= "
-        f"{d.batch_tokens:,} in every bucket, source and target padded alike; epoch 0's batches hold "
-        f"(real tokens {eos}):"
+        f"{d.batch_tokens:,} in every bucket (source and target share the padded length); per bucket, over "
+        "epoch 0 (real tokens count </s>):"
     ]
     for b in stats:
         padded = b.batches * b.rows * b.length
