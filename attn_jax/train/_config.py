@@ -76,9 +76,10 @@ of :func:`attn_jax.parallel.rules_for`. ``parallel.data``/``model``/``stage`` (0
 axis the strategy does not use must be 0 or 1 (it becomes 1), and one used axis may be 0: it takes the devices
 the others leave (``data = devices / (model · stage)``). The product must equal the number of devices (a
 single-process run may use fewer: the first ones). ``data.batch_size`` and ``data.eval_batch_size`` must be
-multiples of ``parallel.data`` (token batches round their rows down to one). Pipelining splits GNMT's residual stacks: ``parallel.stage`` must equal
-``model.pipeline_stages`` (``parallel.stage=0`` takes it from the model), and ``model.pipeline_stages > 1``
-needs a pipeline strategy; the model config is never changed behind the user's back.
+multiples of ``parallel.data`` (token batches round their rows down to one). Pipelining splits GNMT's residual
+stacks: ``parallel.stage`` must equal ``model.pipeline_stages`` (``parallel.stage=0`` takes it from the model),
+and ``model.pipeline_stages > 1`` needs a pipeline strategy; the model config is never changed behind the user's
+back.
 ``parallel.strict_sharding`` (False) — a parameter dim that does not divide by its mesh axes is an error
 instead of being replicated.
 """

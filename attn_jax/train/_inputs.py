@@ -333,7 +333,7 @@ class Inputs(NamedTuple):
     validation_dropped: int = 0
     train_report: SplitReport | None = None  # every pair read, kept or dropped and why
     validation_report: SplitReport | None = None  # None: no validation split (data.eval_split=none)
-    vocab_line: str = ""  # how SentencePiece vocabularies were trained ("": word vocabularies, or reloaded)
+    vocab_line: str = ""  # how the vocabularies were learnt ("": one word list per language, or reloaded)
     pack_line: str = ""  # data.pack: how the training pairs were packed ("": not packed)
     copy_line: str = ""  # model.copy: target words outside the vocabulary, learnt as copies or left <unk>
     batch_stats: tuple[data.BucketStats, ...] = ()  # data.batch_tokens: what each bucket's batches hold
