@@ -123,6 +123,12 @@ def add_train_parser(subparsers) -> argparse.ArgumentParser:
         "override), and exit without training",
     )
     p.add_argument(
+        "--help-config",
+        action="store_true",
+        help="print every key of the config after the overrides: KEY=VALUE, then its meaning from the code "
+        "that defines it; exit without training",
+    )
+    p.add_argument(
         "--resume",
         action="store_true",
         help="continue from the latest checkpoint in --workdir (bit-for-bit as if never interrupted)",
@@ -242,8 +248,28 @@ def _override_text(value) -> str:
     return repr(value) if isinstance(value, float) else str(value)
 
 
-def _print_config(args: argparse.Namespace) -> int:
-    from attn_jax.train import ConfigError, apply_overrides, check_config, flatten_config, load_config
+# reST markup in the help text: ``code`` and :class:`~a.b.Name` roles, printed as code and Name.
+_ROLE = re.compile(r":\w+:`~?(?:[\w.]*\.)?([^`.]+)`")
+
+
+def _plain(text: str) -> str:
+    """A help line without its reST markup, for the terminal."""
+    return _ROLE.sub(r"\1", text).replace("``", "")
+
+
+def _print_config(args: argparse.Namespace, explain: bool = False) -> int:
+    """``--print-config``: every key as ``KEY=VALUE``; ``--help-config`` adds each key's meaning below it."""
+    import shutil
+    import textwrap
+
+    from attn_jax.train import (
+        ConfigError,
+        apply_overrides,
+        check_config,
+        config_help,
+        flatten_config,
+        load_config,
+    )
 
     try:
         config = apply_overrides(load_config(args.config), args.overrides)
@@ -251,8 +277,13 @@ def _print_config(args: argparse.Namespace) -> int:
     except ConfigError as e:
         print(f"attn-jax train: error: {' '.join(str(e).split())}", file=sys.stderr)
         return 2
+    meaning = config_help(config) if explain else {}
+    width = min(shutil.get_terminal_size((100, 24)).columns, 100)
     for key, value in flatten_config(config).items():
         print(f"{key}={_override_text(value)}")
+        if explain:
+            text = _plain(meaning[key]) or "(no help: its config class documents no such field)"
+            print(textwrap.fill(text, width, initial_indent="    ", subsequent_indent="    "))
     return 0
 
 
@@ -260,8 +291,8 @@ def run_train(args: argparse.Namespace) -> int:
     """Run ``attn-jax train`` with parsed arguments; returns the exit status."""
     from attn_jax.cli._supervise import WORKER_ENV, supervise, watch_parent
 
-    if getattr(args, "print_config", False):
-        return _print_config(args)
+    if getattr(args, "print_config", False) or getattr(args, "help_config", False):
+        return _print_config(args, explain=getattr(args, "help_config", False))
     if getattr(args, "workdir", None) is None:
         print("attn-jax train: error: the following arguments are required: --workdir", file=sys.stderr)
         return 2
