@@ -157,7 +157,7 @@ def default_config(arch: str = "rnnsearch") -> ml_collections.ConfigDict:
     c.lambda_coverage = 0.0
     # Add the coverage loss to training only after this many updates; validation always includes it.
     c.coverage_start_step = 0
-    # Weight of the guided-alignment loss toward gold word alignments (attn_jax.train._align); 0: off.
+    # Weight of the guided-alignment loss (alignment_loss) toward gold word alignments; 0: off.
     c.lambda_align = 0.0
     # Compute in bfloat16; parameters and optimiser state stay float32.
     c.mixed_precision = False
