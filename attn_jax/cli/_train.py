@@ -39,7 +39,8 @@ handles lost tasks instead.
 
 Every config field can be overridden with ``--config.<key>=<value>`` (or ``--config.<key> <value>``); the value
 is parsed as the field's type (``true``/``false`` for booleans, ``16,32`` for tuples). ``--print-config`` prints
-the resulting config, one ``KEY=VALUE`` a line for every key, and exits without training. The workdir receives
+the resulting config, one ``KEY=VALUE`` a line for every key, and exits without training; ``--help-config``
+also prints each key's meaning below it, read from the code that defines the key. The workdir receives
 ``checkpoints/``, ``vocab/``, ``metrics.jsonl``, ``tensorboard/`` and ``config.json``.
 
 Exit status (every failure is one line on stderr, no traceback): 0 done; 1 the corpus cannot be read, the
@@ -101,7 +102,7 @@ def add_train_parser(subparsers) -> argparse.ArgumentParser:
         epilog=(
             "Config overrides: --config.KEY=VALUE for any field of the config (e.g. --config.model.hidden=256 "
             "--config.optimizer.name=adam --config.data.bucket_boundaries=16,32); --print-config lists every "
-            "key with its value. A config file is PATH.py or PATH.py:VARIANT (e.g. "
+            "key with its value, --help-config also its meaning. A config file is PATH.py or PATH.py:VARIANT (e.g. "
             ":smoke). Set JAX_COMPILATION_CACHE_DIR to reuse compiled steps across runs. Exit status: 0 done, "
             "1 corpus, workdir, checkpoint or memory error, 2 bad flag/config, 3 diverged (NaN/inf), "
             "4 multi-process failure (a process missing or lost: named), 130 interrupted."
@@ -282,7 +283,7 @@ def _print_config(args: argparse.Namespace, explain: bool = False) -> int:
     for key, value in flatten_config(config).items():
         print(f"{key}={_override_text(value)}")
         if explain:
-            text = _plain(meaning[key]) or "(no help: its config class documents no such field)"
+            text = _plain(meaning[key]) or "(no help: document the key where it is defined)"
             print(textwrap.fill(text, width, initial_indent="    ", subsequent_indent="    "))
     return 0
 
