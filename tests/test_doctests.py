@@ -29,6 +29,7 @@ MODULES = [
     "attn_jax.parallel._distributed",
     "attn_jax.nn.intra",
     "attn_jax.train._config",
+    "attn_jax.train._config_help",
     "attn_jax.train._align",
     "attn_jax.train._tensorboard",
     "attn_jax.data._corpus",

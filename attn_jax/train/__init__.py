@@ -44,6 +44,7 @@ from attn_jax.train._config import (
     paper_config,
     smoke_config,
 )
+from attn_jax.train._config_help import config_help
 from attn_jax.train._coverage import coverage_loss
 from attn_jax.train._diagnostics import DIAG_BAND, AttentionStats, attention_stats, summarize_attention
 from attn_jax.train._inputs import (
@@ -129,6 +130,7 @@ __all__ = [
     "batch_configs",
     "build_module",
     "check_config",
+    "config_help",
     "coverage_loss",
     "default_config",
     "describe_split",
