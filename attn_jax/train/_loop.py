@@ -62,6 +62,7 @@ from attn_jax.data import Batch
 from attn_jax.parallel import batch_sharding, make_mesh, replicated, rules_for
 from attn_jax.train._checkpoint import CheckpointManager, CheckpointUnreadable, Restored, _describe
 from attn_jax.train._config import (
+    BEST_METRICS,
     MESH_KEYS,
     ConfigError,
     check_config,
@@ -72,6 +73,7 @@ from attn_jax.train._config import (
     parallel_axes,
 )
 from attn_jax.train._diagnostics import summarize_attention
+from attn_jax.train._early_stopping import EarlyStopping, early_stopping_update
 from attn_jax.train._inputs import data_state, describe_split, make_inputs, restore_data_state
 from attn_jax.train._metrics import MetricsLogger, format_duration
 from attn_jax.train._sharded import (
@@ -90,6 +92,7 @@ from attn_jax.train._step import (
     param_count,
     train_step,
 )
+from attn_jax.train._validation import TranslationValidator, host_params, write_lines
 
 __all__ = ["TrainResult", "TrainingDiverged", "WorkdirError", "evaluate", "train_and_evaluate"]
 
@@ -134,9 +137,13 @@ class TrainResult(NamedTuple):
       state: the final :class:`TrainState`.
       train: the last train record (as in ``metrics.jsonl``), or None if no update ran.
       validation: the last validation record, or None.
-      best_step: the kept checkpoint with the lowest validation NLL per token; the latest without a validation
-        split (None without checkpoints).
+      best_step: the kept checkpoint best by ``checkpoint.best_metric`` (lowest validation NLL per token, or
+        highest BLEU or chrF); the latest without a validation split (None without checkpoints).
       checkpoint_dir: where the checkpoints are.
+      stopped_early: True when early stopping ended the run before ``num_train_steps`` (now or, for a resumed
+        run, in the run it resumes).
+      early_stopping: where early stopping stands: the best value of the best metric, its step and the
+        validations since (None without validation).
     """
 
     step: int
@@ -145,6 +152,8 @@ class TrainResult(NamedTuple):
     validation: dict | None
     best_step: int | None
     checkpoint_dir: str
+    stopped_early: bool = False
+    early_stopping: EarlyStopping | None = None
 
 
 def _attention_label(m) -> str:
@@ -301,6 +310,11 @@ def _validation_line(step: int, v: dict) -> str:
             line += f", gold hit {v['attn_gold_hit']:.3f}"
     if "align_loss" in v:
         line += f" | align {v['align_loss']:.4f}"
+    if "bleu" in v:
+        line += (
+            f" | BLEU {v['bleu']:.2f} | chrF {v['chrf']:.2f} ({v['translations']} translations, "
+            f"{v['stopped_at_limit']} stopped at the length limit)"
+        )
     return line
 
 
@@ -409,6 +423,9 @@ class _OneDevice:
 
     def all_finite(self, params: dict) -> bool:
         return bool(all_finite(params))
+
+    def decode_params(self, params: dict) -> dict:
+        return params
 
 
 def _mesh_shape(config: ml_collections.ConfigDict, num_devices: int, processes: int) -> dict[str, int]:
@@ -528,6 +545,9 @@ class _Mesh:
     def all_finite(self, params: dict) -> bool:
         return bool(self._finite(params))
 
+    def decode_params(self, params: dict) -> dict:
+        return host_params(params)  # every process decodes the whole split on its own first device
+
 
 def train_and_evaluate(
     config: ml_collections.ConfigDict,
@@ -572,6 +592,7 @@ def train_and_evaluate(
         os.path.join(workdir, "checkpoints"),
         keep=config.keep_checkpoints,
         keep_best=config.keep_best and has_eval_split(config.data),  # nothing ranks them without validation
+        best_metric=config.checkpoint.best_metric,
         async_save=config.async_checkpoints,
     )
     total = config.num_train_steps
@@ -696,12 +717,27 @@ def _train(config, config_dict, place, inputs, ckpt, logger, latest) -> TrainRes
     if latest is None or isinstance(place, _OneDevice):  # the single-device path keeps today's exact steps
         state = place.init_state(config.seed)
     start = 0
+    validating = inputs.validation_report is not None
+    best_metric, patience = config.checkpoint.best_metric, config.early_stopping.patience
+    stopping = EarlyStopping(best_metric)
+    validation_dir = os.path.join(os.path.dirname(ckpt.directory), "validation")
+    validator = None
+    if validating and config.validation.bleu:
+        validator = _validator(config, inputs, step_cfg, validation_dir, logger)
     if latest is not None:
         restored = _restore_newest_readable(ckpt, place.restore_target(state), logger)
         latest = restored.step
         state = place.place(restored.state)
+        data = dict(restored.data)
+        saved = data.pop("early_stopping", None)
+        stopping = EarlyStopping.from_json(saved, best_metric) or stopping
+        if saved is not None and stopping.best is None and saved.get("best") is not None:
+            logger.log(
+                f"note: early stopping followed {saved.get('metric')} before, checkpoint.best_metric is "
+                f"{best_metric} now: its count starts afresh"
+            )
         try:
-            restore_data_state(inputs, restored.data)
+            restore_data_state(inputs, data)
         except ValueError as e:
             raise ConfigError(f"cannot resume: the data or batching config changed ({e})") from None
         changed = _config_diff(restored.config, config_dict)
@@ -709,6 +745,9 @@ def _train(config, config_dict, place, inputs, ckpt, logger, latest) -> TrainRes
             logger.log(f"note: config differs from checkpoint {latest} in {', '.join(changed)}")
         start = int(state.step)
         logger.log(f"resumed from step {start} ({ckpt.directory})")
+        if patience and stopping.bad >= patience:
+            logger.log(f"nothing to do: {_stop_line(stopping, config, start)}")
+            return TrainResult(start, state, None, None, ckpt.best_step(), ckpt.directory, True, stopping)
     logger.truncate_after(start)
 
     step, window = start, _Window()
@@ -756,28 +795,41 @@ def _train(config, config_dict, place, inputs, ckpt, logger, latest) -> TrainRes
             )
             window.reset()
 
-        val, tic = None, time.monotonic()
-        if inputs.validation_report is not None and (step % config.eval_every == 0 or step == total):
+        val, tic, stop = None, time.monotonic(), False
+        if validating and (step % config.eval_every == 0 or step == total):
             batches = (place.batch(b) for b in inputs.validation)
             val = evaluate(state.params, batches, step_cfg, step=place.eval_step)
+            if validator is not None:
+                params = place.decode_params(state.params)
+                val.update(_translate_validation(validator, params, step, validation_dir, logger))
             logger.write("validation", step, val)
             logger.log(_validation_line(step, val))
             last_val = val
-        if step % config.checkpoint_every == 0 or step == total:
+            stopping = early_stopping_update(
+                stopping, val[BEST_METRICS[best_metric][0]], step, min_delta=config.early_stopping.min_delta
+            )
+            stop = patience > 0 and stopping.bad >= patience and step < total
+        if step % config.checkpoint_every == 0 or step == total or stop:
             if not place.all_finite(state.params):
                 raise _diverged("non-finite parameters", step, ckpt)
-            metrics_for_best = None if val is None else {"nll_per_token": val["nll_per_token"]}
+            metrics_for_best = None
+            if val is not None:
+                metrics_for_best = {k: val[k] for k in ("nll_per_token", "bleu", "chrf") if k in val}
             position = data_state(inputs)
             if jax.process_count() > 1:  # every process consumed the same global batches (lockstep updates)
                 multihost_utils.assert_equal(position["next_index"], "iterator positions differ")
+            position["early_stopping"] = stopping.to_json()
             ckpt.save(step, state, position, config_dict, metrics=metrics_for_best)
         overhead_s += time.monotonic() - tic
+        if stop:
+            logger.log(_stop_line(stopping, config, step))
+            break
     ckpt.wait()
-    if inputs.validation_report is None:  # nothing ranks the checkpoints: the latest stands for the best
+    if not validating:  # nothing ranks the checkpoints: the latest stands for the best
         best, best_label = ckpt.latest_step(), "the latest, no validation"
     else:
         best = ckpt.best_step()
-        best_label = str(best)
+        best_label = f"{best}, by validation {best_metric}"
     if step > start:
         logger.log(
             f"done: step {step} in {format_duration(time.monotonic() - run_start)}; checkpoints "
@@ -785,4 +837,57 @@ def _train(config, config_dict, place, inputs, ckpt, logger, latest) -> TrainRes
         )
     else:
         logger.log(f"nothing to do: the run is already at step {step} of {total}")
-    return TrainResult(step, state, last_train, last_val, best, ckpt.directory)
+    return TrainResult(
+        step,
+        state,
+        last_train,
+        last_val,
+        best,
+        ckpt.directory,
+        step < total,
+        stopping if validating else None,
+    )
+
+
+def _validator(config, inputs, step_cfg, directory: str, logger) -> TranslationValidator:
+    """The validation translator, its start-up line and BLEU warning (if any); ``sources.txt`` and
+    ``references.txt`` in ``directory``."""
+    sources, references = inputs.validation_text
+    validator = TranslationValidator(
+        config, sources, references, inputs.src_vocab, inputs.tgt_vocab, step_cfg.model
+    )
+    logger.log(validator.describe())
+    if validator.options["warning"]:
+        logger.log(f"warning: {validator.options['warning']}")
+    if jax.process_index() == 0:
+        os.makedirs(directory, exist_ok=True)
+        write_lines(os.path.join(directory, "references.txt"), references)
+        write_lines(os.path.join(directory, "sources.txt"), sources)
+    return validator
+
+
+def _translate_validation(validator, params, step: int, directory: str, logger) -> dict:
+    """Translate and score the validation split; write ``hypotheses-<step>.txt`` in ``directory``."""
+    tic = time.monotonic()
+    first = validator.signatures is None
+    scores = validator(params)
+    if jax.process_index() == 0:
+        write_lines(os.path.join(directory, f"hypotheses-{step}.txt"), scores.hypotheses)
+    if first and validator.signatures is not None:
+        logger.log(
+            f"validation: BLEU signature {validator.signatures[0]}; chrF signature {validator.signatures[1]} "
+            f"(translated and scored in {time.monotonic() - tic:.1f}s)"
+        )
+    return scores.record
+
+
+def _stop_line(stopping: EarlyStopping, config, step: int) -> str:
+    """The line that says why the run stopped early and where its best validation was."""
+    es = config.early_stopping
+    better = "lower" if not BEST_METRICS[stopping.metric][1] else "higher"
+    by = f" by more than {es.min_delta:g}" if es.min_delta else ""
+    return (
+        f"early stopping at step {step} of {config.num_train_steps}: validation {stopping.metric} has not "
+        f"improved ({better} is better){by} in {stopping.bad} validations (early_stopping.patience="
+        f"{es.patience}); the best, {stopping.best:.4f}, was at step {stopping.best_step}"
+    )
