@@ -12,8 +12,8 @@ The schema (every field, with its default):
 ``seed`` (0) — parameter initialisation, shuffling and the run's PRNG key; an int in [0, 2**63 - 1].
 ``num_train_steps`` (1000), ``log_every`` (50), ``eval_every`` (500), ``checkpoint_every`` (500) — in updates;
 evaluation and a checkpoint also happen at the last step.
-``keep_checkpoints`` (3) — the last K checkpoints kept; ``keep_best`` (True) — also keep the best by validation
-NLL per token; ``async_checkpoints`` (True) — orbax writes in the background.
+``keep_checkpoints`` (3) — the last K checkpoints kept; ``keep_best`` (True) — also keep the best by
+``checkpoint.best_metric``; ``async_checkpoints`` (True) — orbax writes in the background.
 ``tensorboard`` (True) — TensorBoard event files beside ``metrics.jsonl``.
 ``label_smoothing`` (0.0) — ``ε`` of the training loss.
 ``lambda_coverage`` (0.0) — ``λ`` of the coverage loss ``Σ_j min(α_tj, c_tj)`` (See et al. 2017; OpenNMT-py's

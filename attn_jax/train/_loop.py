@@ -3,10 +3,19 @@
 One loop for every experiment (an experiment is a config). Per update: one jitted :func:`train_step` on the
 next batch; every ``log_every`` updates a train record (token-level loss, perplexity, per-sentence NLL,
 gradient norm, learning rate, tokens/s); every ``eval_every`` a pass over the validation batches (loss,
-perplexity, attention diagnostics); every ``checkpoint_every`` an orbax checkpoint (train state, iterator
-position, config); validation and a checkpoint also at the last step.
+perplexity, attention diagnostics) and, with ``validation.bleu``, a translation of the validation split scored
+with BLEU and chrF (:mod:`attn_jax.train._validation`); every ``checkpoint_every`` an orbax checkpoint (train
+state, iterator position, config); validation and a checkpoint also at the last step.
+
+The best checkpoint is the best by ``checkpoint.best_metric`` (``nll``, ``bleu`` or ``chrf``).
+``early_stopping.patience = N`` stops the run after N validations without improvement of that metric by more
+than ``early_stopping.min_delta`` (:mod:`attn_jax.train._early_stopping`): it saves a checkpoint at that step,
+logs one line naming the best step, and :attr:`TrainResult.stopped_early` is True. The count is saved in every
+checkpoint, so a resumed run stops where the uninterrupted one would; a stopped run resumed has nothing to do
+(raise the patience to go on).
 
 ``workdir`` layout: ``checkpoints/<step>/``, ``vocab/{source,target}/``, ``metrics.jsonl``,
+``validation/{sources,references,hypotheses-<step>}.txt`` (with ``validation.bleu``),
 ``tensorboard/{train,validation}/``, ``config.json``, ``data.json`` (each split's pairs read, kept, and dropped by
 reason: :class:`attn_jax.train.SplitReport`; the start-up log says the same in one line per split).
 
