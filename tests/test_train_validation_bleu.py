@@ -191,6 +191,8 @@ def test_validation_translations_are_translate_sentences_and_compile_once(bleu_r
     loaded = pipeline.load_model(workdir, 30)
     got = pipeline.translate_sentences(loaded, sources, beam_size=1, alpha=0.0, batch_size=11)
     assert [t[0].text for t in got] == written
+    stopped = _validation_records(workdir)[-1]["stopped_at_limit"]
+    assert stopped == sum(t[0].truncated for t in got)  # evaluate's count of length-limit cuts
     assert _beam._TRACE_COUNT[0] == traces[-1]  # the same compiled search
 
 
@@ -234,6 +236,10 @@ def test_early_stopping_by_bleu_and_resume_keeps_the_count(tmp_path, monkeypatch
     steps = sorted(int(p.name) for p in (tmp_path / "straight" / "checkpoints").iterdir() if p.name.isdigit())
     assert steps == [10, 20]  # the stopping step saved, and the best kept beside it (keep_checkpoints=1)
     assert load_checkpoint(tmp_path / "straight", best=True).step == 10
+    assert (
+        "checkpoints: the best is the best by validation bleu (checkpoint.best_metric); early stopping after 2 "
+        "validations without improvement (early_stopping.patience)" in out.getvalue()
+    )
     stop = [line for line in out.getvalue().splitlines() if line.startswith("early stopping")]
     assert stop == [
         "early stopping at step 20 of 30: validation bleu has not improved (higher is better) in 2 validations "

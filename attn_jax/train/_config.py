@@ -272,9 +272,9 @@ def default_config(arch: str = "rnnsearch") -> ml_collections.ConfigDict:
     c.validation.bleu = False
     # Beam size of that translation; 1 is greedy decoding.
     c.validation.beam_size = 1
-    # GNMT length normalisation α of the beam's scores (attn-jax evaluate --alpha).
+    # GNMT length normalisation α of the beam's scores (attn-jax evaluate --alpha); greedy ignores it.
     c.validation.alpha = 0.6
-    # GNMT coverage penalty β (attn-jax evaluate --beta); needs a model with attention.
+    # GNMT coverage penalty β (attn-jax evaluate --beta); greedy ignores it; needs attention.
     c.validation.beta = 0.0
     # Sentences per decoding batch; 0: data.eval_batch_size.
     c.validation.batch_size = 0

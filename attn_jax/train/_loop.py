@@ -733,6 +733,18 @@ def _train(config, config_dict, place, inputs, ckpt, logger, latest) -> TrainRes
     validator = None
     if validating and config.validation.bleu:
         validator = _validator(config, inputs, step_cfg, validation_dir, logger)
+    if validating and (patience or best_metric != "nll"):
+        es = config.early_stopping
+        logger.log(
+            f"checkpoints: the best is the best by validation {best_metric} (checkpoint.best_metric); "
+            + (
+                f"early stopping after {patience} validations without improvement"
+                + (f" by more than {es.min_delta:g}" if es.min_delta else "")
+                + " (early_stopping.patience)"
+                if patience
+                else "no early stopping (early_stopping.patience=0)"
+            )
+        )
     if latest is not None:
         restored = _restore_newest_readable(ckpt, place.restore_target(state), logger)
         latest = restored.step
