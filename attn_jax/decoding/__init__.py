@@ -5,9 +5,8 @@
 * :func:`greedy_decode` — beam search with one hypothesis and no penalties (the argmax loop).
 * :func:`search_batches` — many sentences at once: length-sorted batches at a few padded widths (few compiled
   shapes), each sentence with its own length limit; ``translate``, ``evaluate`` and validation use it.
-* :class:`LengthLimit` — how long a translation may grow (``max(minimum, ⌊ratio · n⌋ + offset)`` tokens), the
-  one rule ``attn-jax translate`` and ``evaluate`` share; beam search flags each hypothesis it cut there
-  (``BeamResult.truncated``).
+* :class:`LengthLimit` — how long a translation may grow: the one rule ``attn-jax translate`` and ``evaluate``
+  share, defined in its docstring. Beam search flags each hypothesis it cut there (``BeamResult.truncated``).
 * :func:`length_penalty`, :func:`coverage_penalty`, :func:`normalized_score` — Wu et al. (2016), eq. 14.
 
 Decoding imports only the models' step interface (never data or training code).

@@ -27,10 +27,10 @@ def length_limit(
 ):
     """The decoding length limit of a run, the one rule ``attn-jax translate`` and ``evaluate`` share.
 
-    ``max(T, ⌊ratio · n⌋ + offset)`` target tokens (without ``</s>``) for a source of ``n`` tokens, with ``T``
-    the longest target the run trained on (``config.data.max_target_length``; 0 when it sets none or
-    ``config`` is None), ``ratio`` 2 and ``offset`` 10 unless given; ``max_length`` instead gives every
-    sentence that many tokens (and cannot be combined with a ratio or an offset).
+    The rule is :class:`attn_jax.decoding.LengthLimit`'s. Its ``minimum`` is the longest target the run trained
+    on (``config.data.max_target_length``; 0 when it sets none or ``config`` is None). ``ratio`` and ``offset``
+    keep their defaults unless given. ``max_length`` gives every sentence that many tokens instead, and cannot
+    be combined with a ratio or an offset.
 
     Returns:
       An ``attn_jax.decoding.LengthLimit``.

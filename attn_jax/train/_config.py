@@ -65,7 +65,8 @@ output says how many), ``data.max_source_length``/``max_target_length`` (pairs l
 in pieces with ``sentencepiece``), ``data.batch_size``/``eval_batch_size``, ``data.bucket_boundaries``,
 ``data.prefetch``. ``data.pack`` (False) — pack several training pairs into each row of one fixed width
 (segment ids and per-pair positions, no attention across pairs; ``model.arch=transformer`` only); rows per
-batch stay ``data.batch_size``, so a batch carries more pairs; validation stays unpacked.
+batch stay ``data.batch_size`` (or fill ``data.batch_tokens``), so a batch carries more pairs; validation stays
+unpacked.
 ``debug.inject_nan_at_step`` (-1: off) — make the parameters NaN just before update k, to exercise the
 divergence guard.
 ``parallel.strategy`` (``none``) — ``none``: one device, the plain jitted step; ``data``, ``tensor``,
@@ -75,9 +76,10 @@ of :func:`attn_jax.parallel.rules_for`. ``parallel.data``/``model``/``stage`` (0
 axis the strategy does not use must be 0 or 1 (it becomes 1), and one used axis may be 0: it takes the devices
 the others leave (``data = devices / (model · stage)``). The product must equal the number of devices (a
 single-process run may use fewer: the first ones). ``data.batch_size`` and ``data.eval_batch_size`` must be
-multiples of ``parallel.data``. Pipelining splits GNMT's residual stacks: ``parallel.stage`` must equal
-``model.pipeline_stages`` (``parallel.stage=0`` takes it from the model), and ``model.pipeline_stages > 1``
-needs a pipeline strategy; the model config is never changed behind the user's back.
+multiples of ``parallel.data`` (token batches round their rows down to one). Pipelining splits GNMT's residual
+stacks: ``parallel.stage`` must equal ``model.pipeline_stages`` (``parallel.stage=0`` takes it from the model),
+and ``model.pipeline_stages > 1`` needs a pipeline strategy; the model config is never changed behind the user's
+back.
 ``parallel.strict_sharding`` (False) — a parameter dim that does not divide by its mesh axes is an error
 instead of being replicated.
 """
@@ -248,11 +250,15 @@ def default_config(arch: str = "rnnsearch") -> ml_collections.ConfigDict:
             max_eval_examples=0,
             vocab="word",
             sentencepiece_type="unigram",
+            # One vocabulary learnt over both languages (src_vocab_size of them; tgt_vocab_size must match).
+            joint_vocab=False,
             src_vocab_size=30000,
             tgt_vocab_size=30000,
             max_source_length=50,
             max_target_length=50,
             batch_size=80,
+            # Token budget of a training batch: rows × padded length <= N in every bucket; 0: batch_size pairs.
+            batch_tokens=0,
             eval_batch_size=80,
             bucket_boundaries=(16, 24, 32, 48, 64, 96, 128),
             prefetch=2,
@@ -515,17 +521,29 @@ def optimizer_config(config: ml_collections.ConfigDict) -> OptimizerConfig:
         raise ConfigError(str(e)) from None
 
 
-def batch_configs(config: ml_collections.ConfigDict) -> tuple[BatchConfig, BatchConfig]:
-    """``(train, eval)`` batching: shuffled endless training batches; every validation pair once, in order."""
+def batch_configs(config: ml_collections.ConfigDict, data_axis: int = 1) -> tuple[BatchConfig, BatchConfig]:
+    """``(train, eval)`` batching: shuffled endless training batches; every validation pair once, in order.
+
+    Training batches hold ``data.batch_size`` pairs, or with ``data.batch_tokens`` as many rows as the budget
+    holds in each bucket, rounded down to a multiple of ``data_axis`` (the mesh's data axis). Validation
+    batches always hold ``data.eval_batch_size`` pairs: one fixed set of shapes, compiled once.
+    """
     d = config.data
     common = dict(
         bucket_boundaries=tuple(d.bucket_boundaries),
         max_source_length=d.max_source_length,
         max_target_length=d.max_target_length,
     )
+    tokens = d.get("batch_tokens", 0)  # a run saved before the key existed has none
+    # The sentence schedule keeps batch_multiple=1, so its fingerprint does not depend on the mesh.
+    size = dict(batch_size=None, tokens_per_batch=tokens, batch_multiple=data_axis) if tokens else {}
     try:
         train = BatchConfig(
-            batch_size=d.batch_size, shuffle=True, seed=config.seed, drop_remainder=True, **common
+            **{"batch_size": d.batch_size, **size},
+            shuffle=True,
+            seed=config.seed,
+            drop_remainder=True,
+            **common,
         )
         evaluation = BatchConfig(
             batch_size=d.eval_batch_size, shuffle=False, num_epochs=1, drop_remainder=False, **common
@@ -633,9 +651,10 @@ def check_config(config: ml_collections.ConfigDict) -> None:
         raise ConfigError(
             f"data.sentencepiece_type must be one of {', '.join(SENTENCEPIECE_TYPES)}; got {d.sentencepiece_type!r}"
         )
-    for key in ("max_train_examples", "max_eval_examples", "prefetch"):
+    for key in ("max_train_examples", "max_eval_examples", "prefetch", "batch_tokens"):
         if d[key] < 0:
             raise ConfigError(f"data.{key} must be >= 0, got {d[key]}")
+    _check_joint_vocab(config)
     if d.pack and config.model.arch != "transformer":
         raise ConfigError(
             f"data.pack=True needs model.arch=transformer (the only model that reads segment ids); got "
@@ -701,6 +720,21 @@ def _check_validation(config: ml_collections.ConfigDict) -> None:
                 f'validation.bleu_tokenize must be a sacreBLEU tokeniser ({", ".join(BLEU.TOKENIZERS)}) or "", '
                 f"got {v.bleu_tokenize!r}"
             )
+
+
+def _check_joint_vocab(config: ml_collections.ConfigDict) -> None:
+    """``data.joint_vocab``: one size for the one vocabulary; ``share_embeddings=all`` needs it."""
+    d = config.data
+    if d.joint_vocab and d.src_vocab_size != d.tgt_vocab_size:
+        raise ConfigError(
+            f"data.joint_vocab=True learns one vocabulary of data.src_vocab_size={d.src_vocab_size} entries, but "
+            f"data.tgt_vocab_size={d.tgt_vocab_size}; set them equal"
+        )
+    if config.model.get("share_embeddings") == "all" and not d.joint_vocab:
+        raise ConfigError(
+            "model.share_embeddings=all ties the source and target embeddings, so it needs one joint "
+            "vocabulary: set data.joint_vocab=True"
+        )
 
 
 def _check_alignment(config: ml_collections.ConfigDict) -> None:
@@ -797,7 +831,8 @@ def _check_parallel(config: ml_collections.ConfigDict) -> None:
             f"parallel.{' and parallel.'.join(inferred)} are both 0 (inferred); give all but one of them"
         )
     if "data" in used and p.data > 0:
-        for key in ("batch_size", "eval_batch_size"):
+        # Token batches round their rows down to a multiple of the data axis (batch_configs).
+        for key in ("eval_batch_size",) if config.data.batch_tokens else ("batch_size", "eval_batch_size"):
             if config.data[key] % p.data:
                 raise ConfigError(
                     f"data.{key}={config.data[key]} must be a multiple of parallel.data={p.data}"
@@ -861,4 +896,6 @@ def smoke_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict
     d.update(
         max_source_length=14, max_target_length=14, batch_size=16, eval_batch_size=16, bucket_boundaries=(16,)
     )
+    if d.get("batch_tokens", 0):
+        d.batch_tokens = 16 * 16  # token batches stay token batches, of the sentence smoke's one shape
     return c

@@ -30,7 +30,9 @@ changes is where things live. The mesh (``parallel.data × model × stage``) spa
 ``out_shardings``), the step is :func:`attn_jax.train.make_sharded_train_step`, and every process reads only its
 block of rows of each global batch and contributes it to the global ``jax.Array`` with
 ``jax.make_array_from_process_local_data``. Validation is the eval step jitted with the same shardings; its sums
-are replicated, so every process computes the same metrics. Everything runs under ``jax.set_mesh(mesh)`` (GNMT's
+are replicated, so every process computes the same metrics. Validation by translation gathers the parameters
+to every process, and each decodes the whole split on its first device (the same hypotheses everywhere).
+Everything runs under ``jax.set_mesh(mesh)`` (GNMT's
 pipeline reads the ambient mesh). Process 0 alone writes ``metrics.jsonl``, TensorBoard, ``config.json``, the
 vocabularies and the terminal output; checkpoints are written by all processes together (orbax writes each
 array's shards from the process that holds them and commits the step once all are written), so ``workdir`` must
@@ -83,7 +85,13 @@ from attn_jax.train._config import (
 )
 from attn_jax.train._diagnostics import summarize_attention
 from attn_jax.train._early_stopping import EarlyStopping, early_stopping_update
-from attn_jax.train._inputs import data_state, describe_split, make_inputs, restore_data_state
+from attn_jax.train._inputs import (
+    data_state,
+    describe_batches,
+    describe_split,
+    make_inputs,
+    restore_data_state,
+)
 from attn_jax.train._metrics import MetricsLogger, format_duration
 from attn_jax.train._sharded import (
     abstract_sharded_state,
@@ -397,6 +405,7 @@ class _OneDevice:
     """``parallel.strategy=none``: state and steps on the first local device, batches as NumPy arrays."""
 
     rows = (0, 1)  # this process's block of every global batch: (index, count)
+    data_axis = 1  # token batches round their rows down to a multiple of this
     context = contextlib.nullcontext
     description = None
 
@@ -459,7 +468,10 @@ def _mesh_shape(config: ml_collections.ConfigDict, num_devices: int, processes: 
             f"{shape} needs {total} devices, but there are {num_devices}"
             + (f" in {processes} processes (a multi-process run must use them all)" if processes > 1 else "")
         )
-    for key in ("batch_size", "eval_batch_size"):
+    # Token batches round their rows down to a multiple of the data axis instead (make_inputs' data_axis).
+    for key in (
+        ("eval_batch_size",) if config.data.get("batch_tokens", 0) else ("batch_size", "eval_batch_size")
+    ):
         if config.data[key] % sizes["data"]:
             raise ConfigError(
                 f"data.{key}={config.data[key]} must be a multiple of the data axis (parallel.data={sizes['data']})"
@@ -493,6 +505,7 @@ class _Mesh:
         devices = jax.devices()
         sizes = _mesh_shape(config, len(devices), jax.process_count())
         self.mesh = make_mesh(**sizes, devices=devices[: math.prod(sizes.values())])
+        self.data_axis = sizes["data"]
         self.rules, self.strict = rules_for(config.parallel.strategy), config.parallel.strict_sharding
         self.batch_sharding = batch_sharding(self.mesh, self.rules)
         self.rows = _process_rows(self.batch_sharding)
@@ -628,6 +641,7 @@ def train_and_evaluate(
             process_index=place.rows[0],
             process_count=place.rows[1],
             save_vocab=lead,
+            data_axis=place.data_axis,
         )
         step_cfg = StepConfig(
             model=model_config(config, inputs.src_vocab.size, inputs.tgt_vocab.size),
@@ -692,6 +706,8 @@ def _data_lines(config: ml_collections.ConfigDict, inputs) -> list[str]:
         lines.insert(0, inputs.vocab_line)
     if inputs.pack_line:
         lines.append(inputs.pack_line)
+    if inputs.batch_stats:
+        lines.extend(describe_batches(config, inputs.batch_stats))
     if inputs.copy_line:
         lines.append(inputs.copy_line)
     v = inputs.validation_report
@@ -715,6 +731,8 @@ def _write_data_report(workdir: str, inputs) -> None:
     report = {}
     for role, r in (("train", inputs.train_report), ("validation", inputs.validation_report)):
         report[role] = None if r is None else {**r._asdict(), "read": r.read, "dropped": r.dropped}
+    if inputs.batch_stats:  # data.batch_tokens: what each bucket's batches hold over epoch 0
+        report["train_batches"] = [b._asdict() for b in inputs.batch_stats]
     with open(os.path.join(workdir, "data.json"), "w", encoding="utf-8") as f:
         json.dump(report, f, indent=2, sort_keys=True)
 
