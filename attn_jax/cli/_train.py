@@ -401,8 +401,10 @@ def _train(args: argparse.Namespace, joined: bool) -> int:
         print("attn-jax train: interrupted; resume with --resume", file=sys.stderr)
         return 130
     if result.validation is not None and jax.process_index() == 0:
+        v = result.validation
+        bleu = f", BLEU {v['bleu']:.2f}, chrF {v['chrf']:.2f}" if "bleu" in v else ""
         print(
-            f"final validation: loss {result.validation['loss']:.4f}, ppl {result.validation['ppl']:.2f} "
-            f"(best checkpoint: step {result.best_step})"
+            f"final validation: loss {v['loss']:.4f}, ppl {v['ppl']:.2f}{bleu} "
+            f"(best checkpoint: step {result.best_step}){'; stopped early' if result.stopped_early else ''}"
         )
     return 0

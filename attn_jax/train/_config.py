@@ -31,6 +31,7 @@ from attn_jax.parallel import STRATEGIES, rules_for
 from attn_jax.train._optim import OptimizerConfig
 
 __all__ = [
+    "BEST_METRICS",
     "ConfigError",
     "apply_overrides",
     "batch_configs",
@@ -145,7 +146,7 @@ def default_config(arch: str = "rnnsearch") -> ml_collections.ConfigDict:
     c.checkpoint_every = 500
     # Keep the last K checkpoints; older ones are deleted.
     c.keep_checkpoints = 3
-    # Also keep the checkpoint with the best validation NLL per token.
+    # Also keep the best checkpoint by checkpoint.best_metric.
     c.keep_best = True
     # Write checkpoints in the background (orbax's async saving) while training goes on.
     c.async_checkpoints = True
@@ -241,6 +242,35 @@ def default_config(arch: str = "rnnsearch") -> ml_collections.ConfigDict:
             pack=False,
         )
     )
+    c.checkpoint = ml_collections.ConfigDict()
+    # The validation metric that picks the best checkpoint: nll (lower is better), bleu or chrf (higher).
+    c.checkpoint.best_metric = "nll"
+    c.early_stopping = ml_collections.ConfigDict()
+    # Stop after this many validations without improvement of checkpoint.best_metric; 0: never stop early.
+    c.early_stopping.patience = 0
+    # An improvement must beat the best value so far by more than this (in the metric's own units).
+    c.early_stopping.min_delta = 0.0
+    c.validation = ml_collections.ConfigDict()
+    # Translate the validation split at every validation and score it with sacreBLEU's BLEU and chrF.
+    c.validation.bleu = False
+    # Beam size of that translation; 1 is greedy decoding.
+    c.validation.beam_size = 1
+    # GNMT length normalisation α of the beam's scores (attn-jax evaluate --alpha); greedy ignores it.
+    c.validation.alpha = 0.6
+    # GNMT coverage penalty β (attn-jax evaluate --beta); greedy ignores it; needs attention.
+    c.validation.beta = 0.0
+    # Sentences per decoding batch; 0: data.eval_batch_size.
+    c.validation.batch_size = 0
+    # Length limit max(data.max_target_length, ⌊ratio · n⌋ + offset) tokens for n source tokens: the ratio.
+    c.validation.max_length_ratio = 2.0
+    # The offset of that length limit (attn-jax evaluate --max-length-offset).
+    c.validation.max_length_offset = 10
+    # sacreBLEU tokeniser (13a, none, intl, ...); "": 13a, with a warning when references look tokenised.
+    c.validation.bleu_tokenize = ""
+    # Detokenise hypotheses and references before scoring: none or moses (attn-jax evaluate --detokenize).
+    c.validation.detokenize = "none"
+    # The Moses language of the detokeniser (en, fr, de, ...).
+    c.validation.detokenize_lang = "en"
     c.debug = ml_collections.ConfigDict(
         dict(
             # Make the parameters NaN just before update k, to test the divergence guard; -1: off.
@@ -627,6 +657,62 @@ def check_config(config: ml_collections.ConfigDict) -> None:
     optimizer_config(config)
     model_config(config, src_vocab=8, tgt_vocab=8)
     _check_parallel(config)
+    _check_validation(config)
+
+
+# checkpoint.best_metric -> (the validation record's key, whether higher is better).
+BEST_METRICS = {"nll": ("nll_per_token", False), "bleu": ("bleu", True), "chrf": ("chrf", True)}
+
+
+def _check_validation(config: ml_collections.ConfigDict) -> None:
+    """``validation.*``, ``checkpoint.best_metric`` and ``early_stopping.*``: values in range, and a validation
+    split (and translation) for whatever needs one."""
+    v, best, es = config.validation, config.checkpoint.best_metric, config.early_stopping
+    if best not in BEST_METRICS:
+        raise ConfigError(f"checkpoint.best_metric must be one of {', '.join(BEST_METRICS)}; got {best!r}")
+    if es.patience < 0:
+        raise ConfigError(f"early_stopping.patience must be >= 0 (0: off), got {es.patience}")
+    if not (math.isfinite(es.min_delta) and es.min_delta >= 0):
+        raise ConfigError(f"early_stopping.min_delta must be a finite number >= 0, got {es.min_delta}")
+    validates = has_eval_split(config.data)
+    for key, on in (("validation.bleu", v.bleu), ("early_stopping.patience", es.patience > 0)):
+        if on and not validates:
+            raise ConfigError(
+                f"{key} needs a validation split, but data.eval_split={config.data.eval_split!r}"
+            )
+    if best != "nll" and not v.bleu:
+        raise ConfigError(f"checkpoint.best_metric={best!r} needs validation.bleu=True (it is scored there)")
+    if v.beam_size < 1:
+        raise ConfigError(f"validation.beam_size must be >= 1 (1: greedy), got {v.beam_size}")
+    for key in ("alpha", "beta", "max_length_ratio"):
+        if not (math.isfinite(v[key]) and v[key] >= 0):
+            raise ConfigError(f"validation.{key} must be a finite number >= 0, got {v[key]}")
+    for key in ("batch_size", "max_length_offset"):
+        if v[key] < 0:
+            raise ConfigError(f"validation.{key} must be >= 0, got {v[key]}")
+    if v.max_length_ratio == 0 and v.max_length_offset == 0 and not config.data.max_target_length:
+        raise ConfigError("validation.max_length_ratio=0 with validation.max_length_offset=0 leaves no room")
+    if v.beta > 0 and config.model.arch == "rnnenc":
+        raise ConfigError(f"validation.beta={v.beta} needs attention, which model.arch='rnnenc' has not")
+    from attn_jax.eval import DETOKENIZERS
+
+    if v.detokenize not in DETOKENIZERS:
+        raise ConfigError(
+            f"validation.detokenize must be one of {', '.join(DETOKENIZERS)}; got {v.detokenize!r}"
+        )
+    lang = v.detokenize_lang
+    if not (lang.isascii() and lang.isalpha() and lang.islower() and 2 <= len(lang) <= 3):
+        raise ConfigError(
+            f"validation.detokenize_lang must be a Moses language code such as en or de, got {lang!r}"
+        )
+    if v.bleu_tokenize and v.bleu:
+        from sacrebleu.metrics import BLEU
+
+        if v.bleu_tokenize not in BLEU.TOKENIZERS:
+            raise ConfigError(
+                f'validation.bleu_tokenize must be a sacreBLEU tokeniser ({", ".join(BLEU.TOKENIZERS)}) or "", '
+                f"got {v.bleu_tokenize!r}"
+            )
 
 
 def _check_joint_vocab(config: ml_collections.ConfigDict) -> None:

@@ -337,6 +337,8 @@ class Inputs(NamedTuple):
     pack_line: str = ""  # data.pack: how the training pairs were packed ("": not packed)
     copy_line: str = ""  # model.copy: target words outside the vocabulary, learnt as copies or left <unk>
     batch_stats: tuple[data.BucketStats, ...] = ()  # data.batch_tokens: what each bucket's batches hold
+    # The validation pairs the length filter keeps, as text (sources, references): what validation translates.
+    validation_text: tuple[list[str], list[str]] = ([], [])
 
 
 def make_inputs(
@@ -443,7 +445,7 @@ def make_inputs(
     train_report = _split_report(
         train_split, d.train_split, train_corpus, train_encoded, train_cfg, train_beyond
     )
-    validation, validation_report, validation_dropped = [], None, 0
+    validation, validation_report, validation_dropped, validation_text = [], None, 0, ([], [])
     if eval_split is not None:
         eval_encoded = data.encode_corpus(eval_corpus, src_vocab, tgt_vocab, copy=copy)
         eval_it = data.make_batch_iterator(
@@ -453,6 +455,8 @@ def make_inputs(
         validation_report = _split_report(
             eval_split, d.eval_split, eval_corpus, eval_encoded, eval_cfg, eval_beyond
         )
+        kept = np.flatnonzero(eval_cfg.keeps(eval_encoded.src_lengths, eval_encoded.tgt_lengths))
+        validation_text = ([eval_corpus.sources[i] for i in kept], [eval_corpus.targets[i] for i in kept])
     schedule = json.dumps(
         [train_encoded.fingerprint(), dataclasses.asdict(train_cfg), *(["packed"] if d.pack else [])],
         sort_keys=True,
@@ -473,6 +477,7 @@ def make_inputs(
         pack_line=pack_line,
         copy_line=copy_line,
         batch_stats=batch_stats,
+        validation_text=validation_text,
     )
 
 
