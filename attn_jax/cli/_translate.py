@@ -10,8 +10,9 @@ Input: one sentence per line (UTF-8, already tokenised as the training corpus: w
 gives a blank translation (nothing is decoded), so output line ``k`` always belongs to input line ``k``. Lines
 end at ``\\n`` only, as in the corpus reader (``\\r\\n`` works too); any other line or paragraph separator inside a
 line (``\\r``, ``\\f``, ``\\v``, ``\\x1c``-``\\x1e``, ``\\x85``, U+2028, U+2029) is whitespace between tokens. The
-checkpoint is the run's best one by validation loss (``--checkpoint best``, the default; the latest, with a
-warning on stderr, when no kept checkpoint has been evaluated), the latest (``last``) or a given step; the
+checkpoint is the run's best one by its ``checkpoint.best_metric``, validation loss by default
+(``--checkpoint best``, the default; the latest, with a warning on stderr, when no kept checkpoint has been
+evaluated), the latest (``last``) or a given step; the
 vocabularies are the run's own (``workdir/vocab``). A best or latest checkpoint that cannot be read (a truncated
 or deleted file) is skipped for the next best or newest one that loads, with a warning on stderr naming the
 damaged step; when none loads, or the step asked for cannot be read, the error names each step and why.
@@ -152,8 +153,9 @@ def add_translate_parser(subparsers) -> argparse.ArgumentParser:
         type=parse_checkpoint,
         default="best",
         metavar="best|last|STEP",
-        help="which checkpoint (default: %(default)s = lowest validation loss; the latest, with a warning on "
-        "stderr, when no kept checkpoint has been evaluated)",
+        help="which checkpoint (default: %(default)s = best by the run's checkpoint.best_metric, lowest "
+        "validation loss by default; the latest, with a warning on stderr, when no kept checkpoint has been "
+        "evaluated)",
     )
     p.add_argument(
         "--replace-unk",

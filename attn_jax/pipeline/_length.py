@@ -75,10 +75,11 @@ def length_flags_problem(
 
 
 def model_length_cap(model) -> int | None:
-    """The most target tokens (with ``</s>``) a model can produce: a Transformer's decoder cache holds
-    ``model.config.max_length`` positions; None for a model without such a bound (the RNNs)."""
-    cap = getattr(getattr(model, "config", None), "max_length", None)
-    return int(cap) if cap else None
+    """The most target tokens (with ``</s>``) a model can produce, or None (``attn_jax.decoding.model_length_cap``:
+    a Transformer's decoder cache holds ``model.config.max_length`` positions)."""
+    from attn_jax.decoding import model_length_cap as cap
+
+    return cap(model)
 
 
 class LengthLimitReport(NamedTuple):
