@@ -76,13 +76,15 @@ def route_library_noise(workdir: str, command: str) -> Callable[[], None]:
             previous_show(message, category, filename, lineno, file, line)
 
     def summary() -> None:
-        if counts["logged"] or counts["lost"]:
-            lost = f"; {counts['lost']} could not be written there" if counts["lost"] else ""
-            print(
-                f"attn-jax {command}: {counts['logged']} library report(s) (tracebacks of the same failure) are in {path}"
-                f"{lost} (-v shows them here)",
-                file=sys.stderr,
-            )
+        logged, lost = counts["logged"], counts["lost"]
+        if not (logged or lost):
+            return
+        what = f"attn-jax {command}: {logged or lost} library report(s) (tracebacks of the same failure)"
+        if not logged:
+            where = f"could not be written to {path} (a full disk?)"
+        else:
+            where = f"are in {path}" + (f"; {lost} more could not be written there" if lost else "")
+        print(f"{what} {where} (-v shows them here)", file=sys.stderr)
 
     def undo() -> None:
         sys.unraisablehook, threading.excepthook, warnings.showwarning = (
