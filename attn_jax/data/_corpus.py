@@ -37,7 +37,8 @@ from attn_jax.data._synthetic import SPLITS
 
 
 class CorpusError(ValueError):
-    """A corpus cannot be read; the message names the file and line (``path:line: what is wrong``)."""
+    """A corpus (or a saved vocabulary) cannot be read; the message names the file and line
+    (``path:line: what is wrong``)."""
 
 
 @dataclasses.dataclass(frozen=True)

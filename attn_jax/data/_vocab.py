@@ -16,6 +16,7 @@ from collections.abc import Iterable, Sequence
 from typing import Protocol, runtime_checkable
 
 from attn_jax._extras import needed_by
+from attn_jax.data._corpus import CorpusError
 
 PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
 SPECIAL_TOKENS = ("<pad>", "<s>", "</s>", "<unk>")
@@ -249,19 +250,44 @@ class SentencePieceVocabulary:
 
 
 def load_vocabulary(directory: str | os.PathLike) -> WordVocabulary | SentencePieceVocabulary:
-    """Read a vocabulary written by ``save(directory)``."""
+    """Read a vocabulary written by ``save(directory)``.
+
+    A missing, damaged or foreign file raises :class:`CorpusError` in one line naming the file.
+    """
     path = os.path.join(directory, _VOCAB_FILE)
     try:
-        with open(path, encoding="utf-8") as f:
-            meta = json.load(f)
+        with open(path, "rb") as f:
+            meta = json.loads(f.read().decode("utf-8"))
     except FileNotFoundError:
-        raise ValueError(f"{path}: no such file (not a saved vocabulary)") from None
-    if meta.get("kind") == "word":
-        return WordVocabulary(meta["tokens"], lowercase=meta["lowercase"])
-    if meta.get("kind") == "sentencepiece":
-        with open(os.path.join(directory, meta["model"]), "rb") as f:
-            return SentencePieceVocabulary(f.read())
-    raise ValueError(f"{path}: unknown vocabulary kind {meta.get('kind')!r}")
+        raise CorpusError(f"{path}: no such file (not a saved vocabulary)") from None
+    except OSError as e:
+        raise CorpusError(f"{path}: {e.strerror or e}") from None
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+        raise CorpusError(f"{path}: not a saved vocabulary ({type(e).__name__}: {_one_line(e)})") from None
+    kind = meta.get("kind") if isinstance(meta, dict) else None
+    try:
+        if kind == "word":
+            tokens, lowercase = meta["tokens"], meta["lowercase"]
+            if not isinstance(tokens, list) or not all(isinstance(t, str) for t in tokens):
+                raise ValueError("its tokens are not a list of strings")
+            return WordVocabulary(tokens, lowercase=bool(lowercase))
+        if kind == "sentencepiece":
+            model = meta["model"]
+            if not isinstance(model, str):
+                raise ValueError(f"its model is not a file name: {model!r}")
+            with open(os.path.join(directory, model), "rb") as f:
+                return SentencePieceVocabulary(f.read())
+    except KeyError as e:
+        raise CorpusError(f"{path}: not a saved vocabulary (no {e.args[0]!r})") from None
+    except OSError as e:
+        raise CorpusError(f"{e.filename or path}: {e.strerror or e}") from None
+    except (ValueError, RuntimeError) as e:  # RuntimeError: SentencePiece cannot parse the model
+        raise CorpusError(f"{path}: not a saved vocabulary ({_one_line(e)})") from None
+    raise CorpusError(f"{path}: unknown vocabulary kind {kind!r}")
+
+
+def _one_line(error: Exception) -> str:
+    return " ".join(str(error).split())[:300]
 
 
 def save_vocabularies(directory: str | os.PathLike, source: Vocabulary, target: Vocabulary) -> None:

@@ -60,6 +60,7 @@ from attn_jax.train._inputs import (
     resolve_corpus_split,
     restore_data_state,
 )
+from attn_jax.train._lock import RunLocked, lock_run
 from attn_jax.train._loop import TrainingDiverged, TrainResult, WorkdirError, evaluate, train_and_evaluate
 from attn_jax.train._loss import LossSums, loss_sums, sentence_losses, token_cross_entropy
 from attn_jax.train._metrics import MetricsLogger, ProgressLine, format_duration, read_metrics
@@ -121,6 +122,7 @@ __all__ = [
     "OptimizerConfig",
     "ProgressLine",
     "Restored",
+    "RunLocked",
     "SplitReport",
     "StepConfig",
     "TrainMetrics",
@@ -151,6 +153,7 @@ __all__ = [
     "load_checkpoint",
     "load_config",
     "load_corpus",
+    "lock_run",
     "loss_sums",
     "make_inputs",
     "make_optimizer",

@@ -92,6 +92,7 @@ from attn_jax.train._inputs import (
     make_inputs,
     restore_data_state,
 )
+from attn_jax.train._lock import lock_run
 from attn_jax.train._metrics import MetricsLogger, format_duration
 from attn_jax.train._sharded import (
     abstract_sharded_state,
@@ -601,6 +602,7 @@ def train_and_evaluate(
       attn_jax.data.CorpusError: the corpus cannot be read or leaves no batch.
       TrainingDiverged: the loss or gradient norm became non-finite.
       WorkdirError: ``workdir`` cannot be created or written (a file in its way, read-only, no space).
+      RunLocked: another process (named in the message) trains or averages in ``workdir``.
       CheckpointSaveError: a checkpoint could not be written (a full disk); the last good one is intact.
       CheckpointUnreadable: ``resume`` and no checkpoint can be read.
     """
@@ -610,6 +612,8 @@ def train_and_evaluate(
     allocator = tune_host_allocator()  # before the first JAX computation; its line is logged below
     place = _OneDevice(config) if config.parallel.strategy == "none" else _Mesh(config)
     lead = jax.process_index() == 0  # the process that writes files and talks to the terminal
+    # One run per directory: a second train, resume or average is refused; a multi-process run holds one lock.
+    lock = lock_run(workdir, "train") if lead else None
     ckpt = CheckpointManager(
         os.path.join(workdir, "checkpoints"),
         keep=config.keep_checkpoints,
@@ -673,6 +677,8 @@ def train_and_evaluate(
     finally:
         ckpt.close()
         logger.close()
+        if lock is not None:
+            lock.release()
 
 
 def _tfds_location(d: ml_collections.ConfigDict) -> str | None:
