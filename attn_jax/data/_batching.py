@@ -72,6 +72,8 @@ class EncodedCorpus:
       src_ext_tokens: int32 like ``src_tokens``, the source in the extended target vocabulary (copying,
         ``encode_corpus(..., copy=True)``), else None.
       tgt_ext_tokens: int32 like ``tgt_tokens``, the target in the extended target vocabulary, else None.
+      digest: the :meth:`fingerprint`, when known without reading every array (a prepared corpus stores it in
+        its manifest: :func:`attn_jax.data.open_prepared`); "" computes it.
     """
 
     src_tokens: np.ndarray
@@ -82,6 +84,7 @@ class EncodedCorpus:
     name: str = ""
     src_ext_tokens: np.ndarray | None = None
     tgt_ext_tokens: np.ndarray | None = None
+    digest: str = ""
 
     def __len__(self) -> int:
         return len(self.src_offsets) - 1
@@ -102,6 +105,8 @@ class EncodedCorpus:
 
     def fingerprint(self) -> str:
         """A hash of the ids, so that a saved iterator state is not restored onto a different corpus."""
+        if self.digest:
+            return self.digest
         h = hashlib.sha256()
         for a in (self.src_tokens, self.src_offsets, self.tgt_tokens, self.tgt_offsets):
             h.update(np.ascontiguousarray(a).tobytes())

@@ -258,6 +258,9 @@ def default_config(arch: str = "rnnsearch") -> ml_collections.ConfigDict:
             pack=False,
         )
     )
+    # Training split read from memory-mapped arrays prepared on disk: "" keeps it in memory; "auto" uses
+    # <workdir>/prepared; else a directory. Plain and tsv corpora; reused until an input or setting changes.
+    c.data.prepared_dir = ""
     c.debug = ml_collections.ConfigDict(dict(inject_nan_at_step=-1))
     c.parallel = ml_collections.ConfigDict(
         dict(strategy="none", data=0, model=0, stage=0, strict_sharding=False)
@@ -606,6 +609,18 @@ def check_config(config: ml_collections.ConfigDict) -> None:
     for key in ("max_train_examples", "max_eval_examples", "prefetch"):
         if d[key] < 0:
             raise ConfigError(f"data.{key} must be >= 0, got {d[key]}")
+    if d.get("prepared_dir", ""):
+        if d.corpus not in ("plain", "tsv"):
+            raise ConfigError(
+                f"data.prepared_dir={d.prepared_dir!r} needs a plain or tsv corpus, not data.corpus={d.corpus!r} "
+                "(the built-in and TFDS corpora are read as they are)"
+            )
+        for key, on in (
+            ("data.alignment_path", bool(d.alignment_path)),
+            ("model.copy", config.model.get("copy", False)),
+        ):
+            if on:
+                raise ConfigError(f"data.prepared_dir keeps token ids only: set it to '' to train with {key}")
     if d.pack and config.model.arch != "transformer":
         raise ConfigError(
             f"data.pack=True needs model.arch=transformer (the only model that reads segment ids); got "
