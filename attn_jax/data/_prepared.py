@@ -34,7 +34,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from attn_jax.data._batching import EncodedCorpus
+from attn_jax.data._batching import EncodedCorpus, _lengths
 from attn_jax.data._corpus import CorpusError
 from attn_jax.data._vocab import Vocabulary, load_vocabularies, save_vocabularies
 
@@ -49,8 +49,6 @@ _ARRAYS = (
 )
 # Pairs encoded and written at a time: bounds the encoding pass' memory whatever the corpus size.
 _CHUNK = 1 << 15
-# Entries of an offsets array checked at a time.
-_CHECK = 1 << 20
 
 Pairs = Callable[[], Iterator[tuple[str, str]]]
 
@@ -314,18 +312,19 @@ def _open_array(path: str, dtype: np.dtype, n: int) -> np.memmap:
         raise _damaged(path, f"{size:,} bytes, expected {want:,} (truncated or extended)")
     if n == 0:
         return np.zeros(0, dtype)
-    return np.memmap(path, dtype=dtype, mode="r", offset=offset, shape=(n,))
+    array = np.memmap(path, dtype=dtype, mode="r", offset=offset, shape=(n,))
+    array._file = open(path, "rb")  # noqa: SIM115  rows are read through it (closed with the array)
+    return array
 
 
 def _check_offsets(path: str, offsets: np.ndarray, tokens: int) -> None:
-    """Offsets start at 0, never decrease and end at the token count (checked in blocks)."""
+    """Offsets start at 0, never decrease and end at the token count. Checked on the lengths, which a memory
+    map yields by reading its file in blocks, never through the map (:attr:`EncodedCorpus.src_lengths`)."""
     if offsets[0] != 0 or offsets[-1] != tokens:
         raise _damaged(path, f"offsets run from {offsets[0]} to {offsets[-1]}, expected 0 to {tokens:,}")
-    for start in range(0, len(offsets) - 1, _CHECK):
-        block = np.asarray(offsets[start : start + _CHECK + 1])
-        bad = np.flatnonzero(np.diff(block) < 0)
-        if len(bad):
-            raise _damaged(path, f"offsets decrease at entry {start + int(bad[0]) + 1}")
+    bad = np.flatnonzero(_lengths(offsets) < 0)
+    if len(bad):
+        raise _damaged(path, f"offsets decrease at entry {int(bad[0]) + 1}")
 
 
 def open_prepared(directory: str | os.PathLike, *, reused: bool = True) -> PreparedCorpus:
