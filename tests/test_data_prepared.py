@@ -5,6 +5,7 @@ batches are its own rows; a failed preparation leaves nothing that looks prepare
 import json
 import os
 import pathlib
+import re
 
 import numpy as np
 import pytest
@@ -265,3 +266,47 @@ def test_a_failed_preparation_leaves_no_prepared_directory(tmp_path, corpus):
             make_vocabularies=lambda kept: (data.WordVocabulary(data.SPECIAL_TOKENS),) * 2 + ("",),
         )
     assert sorted(os.listdir(tmp_path)) == ["corpus"]
+
+
+@pytest.mark.parametrize(
+    "extra, said",
+    [
+        (
+            ["data.corpus=synthetic"],
+            "data.prepared_dir='auto' needs a plain or tsv corpus, not data.corpus='synthetic'",
+        ),
+        (["data.alignment_path=x.{split}.align"], "to train with data.alignment_path"),
+    ],
+)
+def test_prepared_dir_refuses_what_it_cannot_hold(corpus, extra, said):
+    from attn_jax.train import ConfigError, check_config
+
+    with pytest.raises(ConfigError, match=re.escape(said)):
+        check_config(_config(corpus, "data.prepared_dir=auto", *extra))
+
+
+def test_prepare_flags_go_together(tmp_path, corpus, capsys):
+    assert main(["data", "--prepare", "--config", _SMOKE]) == 2
+    assert "--prepare needs --out DIR or --workdir DIR" in capsys.readouterr().err
+    assert (
+        main(["data", "--src", str(corpus / "train.en"), "--tgt", str(corpus / "train.fr"), "--out", "x"])
+        == 2
+    )
+    assert "--workdir and --out go with --prepare" in capsys.readouterr().err
+    status = main(
+        [
+            "data",
+            "--prepare",
+            "--config",
+            _SMOKE,
+            "--workdir",
+            str(tmp_path / "run"),
+            *[f"--config.{o}" for o in _overrides(corpus)],
+        ]
+    )
+    out = capsys.readouterr().out
+    assert status == 0 and f"prepared: {tmp_path}/run/prepared" in out.splitlines()
+    assert (
+        "pairs: 64 encoded (2 with an empty side and 0 beyond data.max_train_examples not read); 60 of 64"
+        in out
+    )

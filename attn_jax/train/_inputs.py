@@ -1,8 +1,10 @@
 """The trainer's input side: reading the configured corpus, vocabularies beside the checkpoints, iterators.
 
-In a multi-process run every process reads the whole corpus, builds the same vocabularies and the same global
-batch schedule, and keeps its own block of rows of every global batch (``process_index`` of ``process_count``
-blocks, :func:`attn_jax.data.make_batch_iterator`).
+In a multi-process run every process builds the same vocabularies and the same global batch schedule, and keeps
+its own block of rows of every global batch (``process_index`` of ``process_count`` blocks,
+:func:`attn_jax.data.make_batch_iterator`). In memory every process reads the whole corpus; with
+``data.prepared_dir`` the first process prepares the training split on disk (:func:`prepare_train_split`) and
+every process reads only its rows from it.
 
 **Iterator state in checkpoints.** Every process's iterator is at the same global batch index (each update
 consumes one global batch on every process), so a checkpoint stores one state (:func:`data_state`): the index,
