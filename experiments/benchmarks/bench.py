@@ -1580,7 +1580,7 @@ def row_large_corpus(ctx: Ctx) -> Section:
         [
             "pairs",
             "generate",
-            "prepare (pairs/s)",
+            "prepare: process wall (pairs/s preparing)",
             "prepare: peak RSS",
             "train (prepared): start-up",
             "train (prepared): wall",
