@@ -49,7 +49,8 @@ def load_model(workdir: str | os.PathLike, checkpoint: str | int = "best") -> Lo
 
     Args:
       workdir: the run directory (``checkpoints/<step>``, ``vocab/``).
-      checkpoint: ``"best"`` (lowest validation loss), ``"last"`` or a step number.
+      checkpoint: ``"best"`` (by the run's ``checkpoint.best_metric``: lowest validation loss, or highest BLEU
+        or chrF), ``"last"`` or a step number.
 
     Returns:
       A :class:`LoadedModel`.

@@ -18,6 +18,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import hashlib
+import itertools
 import json
 import os
 from collections.abc import Callable, Iterator
@@ -27,12 +28,13 @@ import ml_collections
 import numpy as np
 
 from attn_jax import data
-from attn_jax.train._config import batch_configs, has_eval_split, synthetic_spec
+from attn_jax.train._config import ConfigError, batch_configs, has_eval_split, synthetic_spec
 
 __all__ = [
     "Inputs",
     "SplitReport",
     "data_state",
+    "describe_batches",
     "describe_split",
     "load_corpus",
     "make_inputs",
@@ -242,37 +244,50 @@ def _train_sentencepiece(
 ) -> tuple[data.Vocabulary, data.Vocabulary, str]:
     """One SentencePiece model per language (``data.sentencepiece_type``) of ``data.src_vocab_size`` /
     ``tgt_vocab_size`` pieces plus the four specials, trained on the ``n`` kept training pairs ``kept()``
-    yields (each call one pass); and the start-up line saying how many pieces each got (fewer than asked when
-    the corpus supports no more) and, past :data:`SENTENCEPIECE_MAX_SENTENCES` pairs, that only the first
-    ones trained them."""
-    sizes = (d.src_vocab_size + 4, d.tgt_vocab_size + 4)
-    vocabs = []
-    for side, key, k, size in (("source", "src", 0, sizes[0]), ("target", "tgt", 1, sizes[1])):
+    yields (each call one streaming pass); and the start-up line saying how many pieces each got (fewer than
+    asked when the corpus supports no more) and, past :data:`SENTENCEPIECE_MAX_SENTENCES` pairs, that only the
+    first ones trained them. With ``data.joint_vocab`` one model of ``data.src_vocab_size`` pieces trains on
+    the first sentences of both sides and serves both."""
+    cap = SENTENCEPIECE_MAX_SENTENCES
+    joint = bool(d.get("joint_vocab", False))
+
+    def side(k: int) -> Iterator[str]:
+        return itertools.islice((pair[k] for pair in kept()), cap)
+
+    sides = (
+        [("joint", "src", lambda: itertools.chain(side(0), side(1)), d.src_vocab_size + 4)]
+        if joint
+        else [
+            ("source", "src", lambda: side(0), d.src_vocab_size + 4),
+            ("target", "tgt", lambda: side(1), d.tgt_vocab_size + 4),
+        ]
+    )
+    vocabs, got = [], []
+    for name, key, text, size in sides:
         try:
-            vocabs.append(
-                data.SentencePieceVocabulary.train(
-                    (pair[k] for pair in kept()),
-                    size,
-                    model_type=d.sentencepiece_type,
-                    max_sentences=SENTENCEPIECE_MAX_SENTENCES,
-                )
+            vocab = data.SentencePieceVocabulary.train(
+                text(), size, model_type=d.sentencepiece_type, max_sentences=2 * cap
             )
         except (ValueError, RuntimeError) as e:  # SentencePiece's own refusal, as one line naming our key
             raise data.CorpusError(
-                f"cannot train the {side} SentencePiece {d.sentencepiece_type} model of {size:,} pieces "
+                f"cannot train the {name} SentencePiece {d.sentencepiece_type} model of {size:,} pieces "
                 f"(data.{key}_vocab_size={size - 4:,} plus 4 specials): {' '.join(str(e).split())}"
             ) from None
-    src, tgt = vocabs
-    got = []
-    for side, vocab, asked in (("source", src, sizes[0]), ("target", tgt, sizes[1])):
-        fewer = f" (of {asked:,} asked: the corpus supports no more)" if vocab.size < asked else ""
-        got.append(f"{side} {vocab.size:,} pieces{fewer}")
-    first = f"the first {SENTENCEPIECE_MAX_SENTENCES:,} of " if n > SENTENCEPIECE_MAX_SENTENCES else ""
-    line = (
-        f"data: SentencePiece {d.sentencepiece_type} vocabularies trained on {first}the {n:,} training "
-        f"pairs of at most {d.max_source_length} source and {d.max_target_length} target words: {', '.join(got)}, "
-        "the four specials included"
+        vocabs.append(vocab)
+        fewer = f" (of {size:,} asked: the corpus supports no more)" if vocab.size < size else ""
+        got.append(f"{name} {vocab.size:,} pieces{fewer}")
+    first = f"the first {cap:,} of " if n > cap else ""
+    what = (
+        f"one joint SentencePiece {d.sentencepiece_type} vocabulary (data.joint_vocab) trained on the sources and "
+        "targets of"
+        if joint
+        else f"SentencePiece {d.sentencepiece_type} vocabularies trained on"
     )
+    line = (
+        f"data: {what} {first}the {n:,} training pairs of at most {d.max_source_length} source and "
+        f"{d.max_target_length} target words: {', '.join(got)}, the four specials included"
+    )
+    src, tgt = (vocabs[0], vocabs[0]) if joint else vocabs
     return src, tgt, line
 
 
@@ -281,19 +296,35 @@ def _build_vocabularies(
 ) -> tuple[data.Vocabulary, data.Vocabulary, str]:
     """The vocabularies of ``config.data`` from the kept training pairs, read in streaming passes over
     ``kept()`` (one for word counts; a subword model reads up to its sentence cap per side); ``n``, their
-    number, is counted by one more pass when None and needed. Returns ``(source, target, vocab_line)``."""
+    number, is counted by one more pass when None and needed. Returns ``(source, target, vocab_line)``.
+
+    With ``data.joint_vocab`` and words: the ``data.src_vocab_size`` most frequent words of both sides together
+    serve as both vocabularies, and the line says how many word types there were.
+    """
     if d.vocab == "sentencepiece":
         if n is None:
             n = sum(1 for _ in kept())
         return _train_sentencepiece(d, kept, n)
+    joint = bool(d.get("joint_vocab", False))
     src_counts: collections.Counter[str] = collections.Counter()
-    tgt_counts: collections.Counter[str] = collections.Counter()
+    tgt_counts = src_counts if joint else collections.Counter()
+    n = 0
     for s, t in kept():
         src_counts.update(s.split())
         tgt_counts.update(t.split())
-    src = data.WordVocabulary.from_counts(src_counts, max_size=d.src_vocab_size)
-    tgt = data.WordVocabulary.from_counts(tgt_counts, max_size=d.tgt_vocab_size)
-    return src, tgt, ""
+        n += 1
+    if not joint:
+        src = data.WordVocabulary.from_counts(src_counts, max_size=d.src_vocab_size)
+        tgt = data.WordVocabulary.from_counts(tgt_counts, max_size=d.tgt_vocab_size)
+        return src, tgt, ""
+    every = data.WordVocabulary.from_counts(src_counts)
+    vocab = data.WordVocabulary(every.tokens[: 4 + d.src_vocab_size])
+    line = (
+        f"data: one joint word vocabulary (data.joint_vocab) over the sources and targets of the {n:,} "
+        f"kept training pairs: the {vocab.size - 4:,} most frequent of {every.size - 4:,} word types "
+        "(data.src_vocab_size), plus the four specials"
+    )
+    return vocab, vocab, line
 
 
 def _vocab_settings(d: ml_collections.ConfigDict) -> dict[str, Any]:
@@ -303,6 +334,8 @@ def _vocab_settings(d: ml_collections.ConfigDict) -> dict[str, Any]:
         "data.src_vocab_size": d.src_vocab_size,
         "data.tgt_vocab_size": d.tgt_vocab_size,
     }
+    if d.get("joint_vocab", False):
+        settings["data.joint_vocab"] = True
     if d.vocab == "sentencepiece":
         settings["data.sentencepiece_type"] = d.sentencepiece_type
         settings["sentencepiece_max_sentences"] = SENTENCEPIECE_MAX_SENTENCES
@@ -372,6 +405,36 @@ def prepare_train_split(
     )
 
 
+def describe_batches(config: ml_collections.ConfigDict, stats: list[data.BucketStats]) -> list[str]:
+    """The start-up lines of token batches: per bucket, sentences a batch and real / padded tokens."""
+    d = config.data
+    lines = [
+        f"data: token batches (data.batch_tokens={d.batch_tokens:,}): rows × padded length <= "
+        f"{d.batch_tokens:,} in every bucket (source and target share the padded length); per bucket, over "
+        "epoch 0 (real tokens count </s>):"
+    ]
+    for b in stats:
+        padded = b.batches * b.rows * b.length
+        rounded = (
+            f", the budget's {b.budget_rows} rows rounded down to a multiple of the data axis"
+            if b.budget_rows != b.rows
+            else ""
+        )
+        lines.append(
+            f"data:   length {b.length}: {b.rows} rows a batch ({b.rows * b.length:,} padded tokens{rounded}), "
+            f"{b.batches:,} batches, {b.pairs / b.batches:,.1f} sentences and {b.src_tokens / b.batches:,.0f} "
+            f"source / {b.tgt_tokens / b.batches:,.0f} target real tokens a batch ({b.src_tokens / padded:.1%} / "
+            f"{b.tgt_tokens / padded:.1%} of padded)"
+        )
+    padded = sum(b.batches * b.rows * b.length for b in stats)
+    src, tgt = sum(b.src_tokens for b in stats), sum(b.tgt_tokens for b in stats)
+    lines.append(
+        f"data:   in all: {sum(b.batches for b in stats):,} batches of {sum(b.pairs for b in stats):,} sentences, "
+        f"{src:,} source / {tgt:,} target real tokens of {padded:,} padded ({src / padded:.1%} / {tgt / padded:.1%})"
+    )
+    return lines
+
+
 class Inputs(NamedTuple):
     """Vocabularies, the training iterator and the (materialised) validation batches."""
 
@@ -386,9 +449,12 @@ class Inputs(NamedTuple):
     validation_dropped: int = 0
     train_report: SplitReport | None = None  # every pair read, kept or dropped and why
     validation_report: SplitReport | None = None  # None: no validation split (data.eval_split=none)
-    vocab_line: str = ""  # how SentencePiece vocabularies were trained ("": word vocabularies, or reloaded)
+    vocab_line: str = ""  # how the vocabularies were learnt ("": one word list per language, or reloaded)
     pack_line: str = ""  # data.pack: how the training pairs were packed ("": not packed)
     copy_line: str = ""  # model.copy: target words outside the vocabulary, learnt as copies or left <unk>
+    batch_stats: tuple[data.BucketStats, ...] = ()  # data.batch_tokens: what each bucket's batches hold
+    # The validation pairs the length filter keeps, as text (sources, references): what validation translates.
+    validation_text: tuple[list[str], list[str]] = ([], [])
 
 
 def make_inputs(
@@ -399,6 +465,7 @@ def make_inputs(
     process_index: int = 0,
     process_count: int = 1,
     save_vocab: bool = True,
+    data_axis: int = 1,
     prepared_dir: str = "",
     build_prepared: bool = True,
     log: Callable[[str], None] | None = None,
@@ -419,7 +486,9 @@ def make_inputs(
     ``validation_report`` None). Validation batches carry gold alignments when the corpus has them and the
     vocabularies are word-level (the built-in corpus). Training and validation batches hold block
     ``process_index`` of ``process_count`` of every global batch's rows; only one process of a multi-process
-    run should ``save_vocab``.
+    run should ``save_vocab``. With ``data.batch_tokens`` the rows of a training batch are rounded down to a
+    multiple of ``data_axis`` (the mesh's data axis), and :attr:`Inputs.batch_stats` says what the batches hold.
+    With ``data.joint_vocab`` one vocabulary is learnt over both sides and serves as both (saved twice).
 
     With ``prepared_dir`` (:func:`resolve_prepared_dir`) the training split is read from a prepared directory
     of memory-mapped arrays (:func:`prepare_train_split`, built or rebuilt there first when out of date, unless
@@ -428,7 +497,7 @@ def make_inputs(
     """
     d = config.data
     train_split = resolve_corpus_split(d, d.train_split, choose="data.train_split")
-    train_cfg, eval_cfg = batch_configs(config)
+    train_cfg, eval_cfg = batch_configs(config, data_axis)
     given = data.load_vocabularies(vocab_dir) if reuse_vocab and os.path.isdir(vocab_dir) else None
     vocab_line = ""
     train_corpus = train_beyond = prepared = None
@@ -473,9 +542,17 @@ def make_inputs(
             "this corpus has none (give a plain or tsv corpus data.alignment_path, a Pharaoh file per {split})"
         )
     shard = dict(process_index=process_index, process_count=process_count)
-    train_it = data.make_batch_iterator(
-        train_encoded, train_cfg, prefetch=d.prefetch, with_gold=guided, pack=d.pack, **shard
-    )
+    try:
+        train_it = data.make_batch_iterator(
+            train_encoded, train_cfg, prefetch=d.prefetch, with_gold=guided, pack=d.pack, **shard
+        )
+    except ValueError as e:
+        if not train_cfg.tokens_per_batch:
+            raise
+        raise ConfigError(
+            f"data.batch_tokens={d.batch_tokens}: {e} (the batch multiple is the data axis)"
+        ) from None
+    batch_stats = tuple(train_it.plan.bucket_stats(train_encoded)) if train_cfg.tokens_per_batch else ()
     copy_line = ""
     if copy:  # never silent: how many unknown target words became copy labels, how many stay <unk>
         unknown = int(np.sum(train_encoded.tgt_tokens == data.UNK_ID))
@@ -507,7 +584,7 @@ def make_inputs(
         train_report = _split_report(
             train_split, d.train_split, train_corpus, train_encoded, train_cfg, train_beyond
         )
-    validation, validation_report, validation_dropped = [], None, 0
+    validation, validation_report, validation_dropped, validation_text = [], None, 0, ([], [])
     if eval_split is not None:
         eval_encoded = data.encode_corpus(eval_corpus, src_vocab, tgt_vocab, copy=copy)
         eval_it = data.make_batch_iterator(
@@ -517,6 +594,8 @@ def make_inputs(
         validation_report = _split_report(
             eval_split, d.eval_split, eval_corpus, eval_encoded, eval_cfg, eval_beyond
         )
+        kept = np.flatnonzero(eval_cfg.keeps(eval_encoded.src_lengths, eval_encoded.tgt_lengths))
+        validation_text = ([eval_corpus.sources[i] for i in kept], [eval_corpus.targets[i] for i in kept])
     schedule = json.dumps(
         [train_encoded.fingerprint(), dataclasses.asdict(train_cfg), *(["packed"] if d.pack else [])],
         sort_keys=True,
@@ -536,6 +615,8 @@ def make_inputs(
         vocab_line=vocab_line,
         pack_line=pack_line,
         copy_line=copy_line,
+        batch_stats=batch_stats,
+        validation_text=validation_text,
     )
 
 
