@@ -143,9 +143,17 @@ def test_prepared_files_are_plain_npy_arrays_and_batches_match_memory(tmp_path, 
     assert prepared.source_vocab.tokens[4:] == tuple(top)
 
 
-@pytest.mark.parametrize("vocab", ["word", "sentencepiece"])
-def test_each_process_reads_its_own_rows_as_in_memory(tmp_path, corpus, vocab):
-    extra = [f"data.vocab={vocab}", "data.src_vocab_size=12", "data.tgt_vocab_size=12"]
+@pytest.mark.parametrize(
+    "vocab, joint", [("word", False), ("sentencepiece", False), ("word", True), ("sentencepiece", True)]
+)
+def test_each_process_reads_its_own_rows_as_in_memory(tmp_path, corpus, vocab, joint):
+    size = 30 if joint else 12  # a joint model needs pieces for both sides' characters
+    extra = [
+        f"data.vocab={vocab}",
+        f"data.src_vocab_size={size}",
+        f"data.tgt_vocab_size={size}",
+        f"data.joint_vocab={joint}",
+    ]
     config = _config(corpus, *extra)
     memory = make_inputs(config, str(tmp_path / "v0"), reuse_vocab=False)
     assert memory.train.plan.shapes[0][0] == 8
