@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import collections
 import io
+import itertools
 import json
 import os
 from collections.abc import Iterable, Sequence
@@ -104,14 +105,34 @@ class WordVocabulary:
         Returns:
           A vocabulary of size ``4 + min(K, number of kept word types)``.
         """
-        if max_size is not None and max_size < 0:
-            raise ValueError(f"max_size must be >= 0, got {max_size}")
         counts: collections.Counter[str] = collections.Counter()
         for s in sentences:
             counts.update((s.lower() if lowercase else s).split())
-        for special in SPECIAL_TOKENS:
-            counts.pop(special, None)
-        words = sorted((w for w, c in counts.items() if c >= min_count), key=lambda w: (-counts[w], w))
+        return cls.from_counts(counts, max_size, min_count=min_count, lowercase=lowercase)
+
+    @classmethod
+    def from_counts(
+        cls,
+        counts: collections.Counter[str],
+        max_size: int | None = None,
+        *,
+        min_count: int = 1,
+        lowercase: bool = False,
+    ) -> WordVocabulary:
+        """The vocabulary :meth:`build` makes from word counts gathered elsewhere (a streaming pass over a large
+        corpus, or both sides of one). ``counts`` must already be lowercased when ``lowercase``.
+
+        >>> import collections
+        >>> WordVocabulary.from_counts(collections.Counter("a b b c".split()), max_size=2).tokens[4:]
+        ('b', 'a')
+        """
+        if max_size is not None and max_size < 0:
+            raise ValueError(f"max_size must be >= 0, got {max_size}")
+        specials = set(SPECIAL_TOKENS)
+        words = sorted(
+            (w for w, c in counts.items() if c >= min_count and w not in specials),
+            key=lambda w: (-counts[w], w),
+        )
         return cls(SPECIAL_TOKENS + tuple(words[:max_size]), lowercase=lowercase)
 
     @property
@@ -195,11 +216,13 @@ class SentencePieceVocabulary:
             import sentencepiece as spm
 
         model = io.BytesIO()
-        text = [s for _, s in zip(range(max_sentences), sentences, strict=False) if s.strip()]
-        if not text:
+        # A stream, never a list: the sentences may come straight from a file larger than memory.
+        text = (s for s in itertools.islice(sentences, max_sentences) if s.strip())
+        first = next(text, None)
+        if first is None:
             raise ValueError("cannot train SentencePiece on no sentences")
         spm.SentencePieceTrainer.train(
-            sentence_iterator=iter(text),
+            sentence_iterator=itertools.chain([first], text),
             model_writer=model,
             vocab_size=vocab_size,
             model_type=model_type,

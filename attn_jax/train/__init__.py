@@ -57,7 +57,9 @@ from attn_jax.train._inputs import (
     describe_split,
     load_corpus,
     make_inputs,
+    prepare_train_split,
     resolve_corpus_split,
+    resolve_prepared_dir,
     restore_data_state,
 )
 from attn_jax.train._lock import RunLocked, lock_run
@@ -164,9 +166,11 @@ __all__ = [
     "model_defaults",
     "optimizer_config",
     "paper_config",
+    "prepare_train_split",
     "param_count",
     "read_metrics",
     "resolve_corpus_split",
+    "resolve_prepared_dir",
     "sentence_losses",
     "smoke_config",
     "summarize_attention",

@@ -90,6 +90,7 @@ from attn_jax.train._inputs import (
     describe_batches,
     describe_split,
     make_inputs,
+    resolve_prepared_dir,
     restore_data_state,
 )
 from attn_jax.train._lock import lock_run
@@ -638,15 +639,28 @@ def train_and_evaluate(
         where = _tfds_location(config.data) if lead else None
         if where is not None:
             logger.log(where)
-        inputs = make_inputs(
-            config,
-            os.path.join(workdir, "vocab"),
-            reuse_vocab=latest is not None,
-            process_index=place.rows[0],
-            process_count=place.rows[1],
-            save_vocab=lead,
-            data_axis=place.data_axis,
-        )
+        prepared_dir = resolve_prepared_dir(config.data, workdir)
+
+        def read_inputs():
+            return make_inputs(
+                config,
+                os.path.join(workdir, "vocab"),
+                reuse_vocab=latest is not None,
+                process_index=place.rows[0],
+                process_count=place.rows[1],
+                save_vocab=lead,
+                data_axis=place.data_axis,
+                prepared_dir=prepared_dir,
+                build_prepared=lead,
+                log=logger.log,
+            )
+
+        if prepared_dir and jax.process_count() > 1:  # the first process prepares; the others then open it
+            inputs = read_inputs() if lead else None
+            multihost_utils.sync_global_devices("attn_jax: prepared training data")
+            inputs = inputs or read_inputs()
+        else:
+            inputs = read_inputs()
         step_cfg = StepConfig(
             model=model_config(config, inputs.src_vocab.size, inputs.tgt_vocab.size),
             optimizer=optimizer_config(config),
