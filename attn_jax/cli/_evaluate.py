@@ -68,6 +68,7 @@ import sys
 
 from attn_jax.cli._translate import add_length_limit_flags, parse_checkpoint
 from attn_jax.pipeline import (
+    WEIGHTS,
     TranslateError,
     bleu_flags_problem,
     decode_progress,
@@ -114,6 +115,13 @@ def add_evaluate_parser(subparsers) -> argparse.ArgumentParser:
         default="best",
         metavar="best|last|STEP",
         help="(default: best)",
+    )
+    p.add_argument(
+        "--weights",
+        choices=WEIGHTS,
+        default="raw",
+        help="the checkpoint's trained parameters (raw, the default) or their moving average (ema: a run "
+        "trained with optimizer.ema_decay > 0)",
     )
     p.add_argument("--batch-size", type=int, default=32, help="sentences per batch (default: %(default)s)")
     p.add_argument(
@@ -213,6 +221,7 @@ def run_evaluate(args: argparse.Namespace) -> int:
             max_examples=args.max_examples,
             out_dir=args.out,
             checkpoint=args.checkpoint,
+            weights=args.weights,
             batch_size=args.batch_size,
             num_heatmaps=args.heatmaps,
             heatmap_sentences=args.heatmap_sentences,

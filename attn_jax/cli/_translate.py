@@ -76,6 +76,7 @@ from typing import Any
 import numpy as np
 
 from attn_jax.pipeline import (
+    WEIGHTS,
     LengthLimitReport,
     LoadedModel,
     TranslateError,
@@ -159,6 +160,13 @@ def add_translate_parser(subparsers) -> argparse.ArgumentParser:
         metavar="best|last|STEP",
         help="which checkpoint (default: %(default)s = lowest validation loss; the latest, with a warning on "
         "stderr, when no kept checkpoint has been evaluated)",
+    )
+    p.add_argument(
+        "--weights",
+        choices=WEIGHTS,
+        default="raw",
+        help="the checkpoint's trained parameters (raw, the default) or their moving average (ema: a run "
+        "trained with optimizer.ema_decay > 0)",
     )
     p.add_argument(
         "--replace-unk",
@@ -414,7 +422,7 @@ def run_translate(args: argparse.Namespace) -> int:
         # A file is read before the (slow) model load, so that its errors come at once; stdin after it, so that
         # the first line typed is answered without waiting for the load.
         lines = None if args.input == "-" else _read_lines(args.input)
-        loaded = load_model(args.workdir, args.checkpoint)
+        loaded = load_model(args.workdir, args.checkpoint, args.weights)
         if loaded.note:
             print(f"attn-jax translate: warning: {loaded.note}", file=sys.stderr)
         rule = length_limit(
