@@ -130,11 +130,28 @@ class Compiled:
         return self.apply(state, sums)
 
 
+_COMPILED: dict[str, Compiled] = {}
+
+
+def _compiled(name: str) -> Compiled:
+    if name not in _COMPILED:
+        _COMPILED[name] = Compiled(name)
+    return _COMPILED[name]
+
+
 @pytest.fixture(scope="module", params=sorted(MODELS))
 def compiled(request):
-    return request.param, Compiled(request.param)
+    yield request.param, _compiled(request.param)
+    _COMPILED.pop(request.param, None)
 
 
+@pytest.fixture
+def rnn():
+    """RNNsearch's programs: the same objects as ``compiled``'s while its rnnsearch instance lives."""
+    return _compiled("rnnsearch")
+
+
+@pytest.mark.slow  # shares a module fixture that compiles its programs (~10-30 s)
 @pytest.mark.numerics
 def test_k_micro_batches_give_the_update_of_one_batch_holding_them(compiled):
     name, c = compiled
@@ -160,12 +177,11 @@ def test_k_micro_batches_give_the_update_of_one_batch_holding_them(compiled):
     assert len(set(tokens)) > 1, "micro-batches with equal token counts cannot tell the two objectives apart"
 
 
-def test_accumulating_step_compiles_to_one_micro_batch_of_memory(compiled):
+@pytest.mark.slow  # shares a module fixture that compiles its programs (~10-30 s)
+def test_accumulating_step_compiles_to_one_micro_batch_of_memory(rnn):
     """The temporary buffers of the accumulating program at micro-batch B are those of the plain step at B (its
     activations), not at K·B; the update itself needs parameter-sized buffers only."""
-    name, c = compiled
-    if name != "rnnsearch":
-        pytest.skip("one model is enough: the programs' memory follows the batch the same way")
+    c = rnn
     plain_micro = train_step.lower(_device(c.state), c.micro[0], c.config).compile()
     temp = {
         "accumulate at B": c.add.memory_analysis().temp_size_in_bytes,
@@ -178,13 +194,12 @@ def test_accumulating_step_compiles_to_one_micro_batch_of_memory(compiled):
     assert temp["apply"] < temp["accumulate at B"] / 2, temp
 
 
+@pytest.mark.slow  # shares a module fixture that compiles its programs (~10-30 s)
 @pytest.mark.numerics
-def test_sharded_accumulation_matches_one_device(compiled):
+def test_sharded_accumulation_matches_one_device(rnn):
     """Data parallelism over 4 devices (each micro-batch's 4 rows split 1 a device) gives the one-device
     accumulated update."""
-    name, c = compiled
-    if name != "rnnsearch":
-        pytest.skip("one model on the mesh is enough; the program is model-independent")
+    name, c = "rnnsearch", rnn
     mesh = make_mesh(data=4, devices=jax.devices()[:4])
     rules = rules_for("data")
     zero, add, apply = make_sharded_accumulation(c.config, mesh, rules)
@@ -200,6 +215,7 @@ def test_sharded_accumulation_matches_one_device(compiled):
     assert_close_f32(got_state.ema_params, want_state.ema_params, reduction=n, err_msg="sharded EMA")
 
 
+@pytest.mark.slow  # shares a module fixture that compiles its programs (~10-30 s)
 def test_moving_average_equals_a_float64_recurrence(compiled):
     """Five updates; ``ema_t = β_t·ema_{t-1} + (1-β_t)·θ_t``, ``β_t = min(β, (1+t)/(10+t))``, ``ema_0 = θ_0``,
     recomputed in float64 from the parameters each update produced."""

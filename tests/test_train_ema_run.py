@@ -69,9 +69,10 @@ def _records(workdir, split):
     return [r for r in read_metrics(os.path.join(workdir, "metrics.jsonl")) if r["split"] == split]
 
 
+@pytest.mark.slow  # shares a module fixture that compiles its programs (~10-30 s)
 def test_log_and_checkpoint_of_an_accumulating_ema_run(ema_run):
     workdir, result, log = ema_run
-    assert f"each update accumulates {K} micro-batches of 16 rows" in log
+    assert f"each update accumulates {K} batches (micro-batches)" in log
     assert "moving average of the weights with decay min(0.5, (1+t)/(10+t))" in log
     assert "validation @ step 2:" in log and log.count("| EMA weights") == 2  # steps 2 and 4
     ckpt = load_checkpoint(workdir, step=STEPS)
@@ -85,6 +86,7 @@ def test_log_and_checkpoint_of_an_accumulating_ema_run(ema_run):
     assert all(r["sentences"] == 2 * K * 16 for r in train)
 
 
+@pytest.mark.slow  # shares a module fixture that compiles its programs (~10-30 s)
 def test_resumed_accumulating_run_equals_the_uninterrupted_one(ema_run, tmp_path):
     workdir, result, _ = ema_run
     train_and_evaluate(_config("num_train_steps=2"), tmp_path, stream=io.StringIO(), tty=False)
@@ -104,6 +106,7 @@ def _params(model):
     return nnx.to_pure_dict(nnx.state(model, nnx.Param))
 
 
+@pytest.mark.slow  # shares a module fixture that compiles its programs (~10-30 s)
 def test_weights_ema_loads_the_checkpoints_moving_average(ema_run):
     workdir, _, _ = ema_run
     ckpt = load_checkpoint(workdir, step=STEPS)
@@ -114,6 +117,7 @@ def test_weights_ema_loads_the_checkpoints_moving_average(ema_run):
     assert _equal(_params(raw.model), ckpt.state["params"])
 
 
+@pytest.mark.slow  # shares a module fixture that compiles its programs (~10-30 s)
 def test_averaging_an_ema_run_and_weights_ema_on_a_run_without_it(ema_run, tmp_path, capsys):
     workdir, _, _ = ema_run
     averaged = average_checkpoints(workdir, [2, 4])

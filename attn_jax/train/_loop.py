@@ -634,7 +634,7 @@ def train_and_evaluate(
             f"{m.src_vocab:,} / {m.tgt_vocab:,}, compute {getattr(m, 'dtype', 'float32')}; optimizer {step_cfg.optimizer.name}; "
             f"training batches in {len(inputs.train.plan.shapes)} shape(s) {inputs.train.plan.shapes}"
         )
-        for line in _data_lines(config, inputs) + _optimizer_lines(step_cfg, config.data.batch_size):
+        for line in _data_lines(config, inputs) + _optimizer_lines(step_cfg):
             logger.log(line)
         if lead:
             _write_data_report(workdir, inputs)
@@ -696,14 +696,13 @@ def _data_lines(config: ml_collections.ConfigDict, inputs) -> list[str]:
     return lines
 
 
-def _optimizer_lines(step_cfg: StepConfig, batch_size: int) -> list[str]:
+def _optimizer_lines(step_cfg: StepConfig) -> list[str]:
     """Start-up lines on gradient accumulation and the moving average of the weights, when they are on."""
     o, lines = step_cfg.optimizer, []
     if o.accumulate > 1:
         lines.append(
-            f"optimizer: each update accumulates {o.accumulate} micro-batches of {batch_size} rows "
-            f"({o.accumulate * batch_size} rows an update), its loss normalised by all their target tokens "
-            "(optimizer.accumulate)"
+            f"optimizer: each update accumulates {o.accumulate} batches (micro-batches), its loss normalised "
+            "by the target tokens of all of them (optimizer.accumulate)"
         )
     if o.ema_decay > 0:
         lines.append(

@@ -15,7 +15,8 @@ activations and all-reduces of partial sums under tensor parallelism. The old st
     state, metrics = step(state, batch)
 
 A checkpoint written under one mesh restores onto another through :func:`abstract_sharded_state` (orbax reads
-each array straight into the target shardings).
+each array straight into the target shardings). Gradient accumulation (``optimizer.accumulate``) has its own three
+programs, :func:`make_sharded_accumulation`, with the gradient sums laid out like the parameters.
 """
 
 from __future__ import annotations
