@@ -15,6 +15,8 @@ warning on stderr, when no kept checkpoint has been evaluated), the latest (``la
 vocabularies are the run's own (``workdir/vocab``). A best or latest checkpoint that cannot be read (a truncated
 or deleted file) is skipped for the next best or newest one that loads, with a warning on stderr naming the
 damaged step; when none loads, or the step asked for cannot be read, the error names each step and why.
+``--weights ema`` translates with the checkpoint's moving average of the weights (a run trained with
+``optimizer.ema_decay > 0``); on a checkpoint without one it is a one-line error.
 
 Streaming: the model is loaded first; then standard input from a terminal or a pipe is read as it arrives: a line
 typed at a terminal (or written to the pipe) is translated, and its output written and flushed, before the next one
