@@ -2,7 +2,9 @@
 #   make demo   – bootstrap .venv, install attn-jax with its extras, run the main job
 #                 (the attention showcase, then experiments/bahdanau2015: RNNenc vs RNNsearch, with the Transformer
 #                 beside them -> runs/demo/report.md)
-#   make test   – the same bootstrap, then the test suite, then its `numerics` tests again on another CPU code path
+#   make test   – the same bootstrap, the docs build (make docs), the test suite, then its `numerics` tests again
+#                 on another CPU code path
+#   make docs   – the user guide and API reference (docs/, mkdocs.yml) -> site/; any warning fails it
 #   make bench  – experiments/benchmarks: side-by-side timings and memory vs jax.nn and PyTorch -> RESULTS.md
 #                 (BENCH_ARGS=--quick for the smoke version; installs the CPU PyTorch wheel if torch is missing)
 #   make gpu-check – on a GPU (≤ 8 min): the `gpu` tests + bf16 attention/matmul TFLOP/s, RNNsearch and GNMT steps
@@ -12,7 +14,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.attn-jax-installed
-EXTRAS ?= all,dev
+EXTRAS ?= all,dev,docs
 # Two workers on CI's two cores; a file's tests stay on one worker so module fixtures (trained runs) build once.
 # --durations=25: every CI log lists the slowest tests, the ones to trim when the suite outgrows its budget.
 # `heavy` tests (multi-process training, whole sharded trainer runs: minutes of compiling each) run in `make test-all`,
@@ -44,7 +46,7 @@ BENCH_ARGS ?=
 GPU_CHECK_ARGS ?=
 TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 
-.PHONY: demo test test-numerics test-all bench gpu-check lint clean install
+.PHONY: demo test test-numerics test-all bench gpu-check lint clean install docs
 
 install: $(STAMP)
 
@@ -57,7 +59,8 @@ demo: $(STAMP)
 	$(BIN)/python experiments/showcase.py
 	$(BIN)/python experiments/bahdanau2015/run.py --out $(DEMO_DIR) --preset $(PRESET) $(DEMO_ARGS)
 
-test: $(STAMP)
+# The docs build first: a few seconds, and a broken link or a renamed function fails before the tests start.
+test: $(STAMP) docs
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 	$(NUMERICS_PASS)
 
@@ -75,9 +78,14 @@ bench: $(STAMP)
 gpu-check: $(STAMP)
 	$(BIN)/python experiments/benchmarks/gpu_check.py --out experiments/benchmarks/RESULTS.md $(GPU_CHECK_ARGS)
 
+# --strict: a warning (a broken link or anchor, a reference to a renamed function, a docstring parameter that is
+# not in the signature) fails the build. Not --quiet: it hides the warnings from --strict, and the build passes.
+docs: $(STAMP)
+	$(BIN)/mkdocs build --strict
+
 lint: $(STAMP)
 	$(BIN)/ruff check attn_jax tests experiments configs
 	$(BIN)/ruff format --check attn_jax tests experiments configs
 
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis
+	rm -rf $(VENV) .pytest_cache .hypothesis site

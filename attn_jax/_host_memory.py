@@ -1,23 +1,20 @@
 """Keep freed host memory in the C allocator, so that XLA's per-call temp buffer is not faulted in afresh each step.
 
-On the CPU, XLA allocates one temp buffer per call of a compiled program (the RNNsearch train step at the bench's
-paper-like size: 442 MiB) and frees it at the end. glibc's ``malloc`` serves any block over 32 MiB with a fresh
-``mmap`` and returns it with ``munmap``, and XLA's worker threads allocate from arenas that ``mmap`` large blocks
-whatever ``M_MMAP_MAX`` says; so every step the kernel zero-fills the whole buffer again, one 4 KiB page fault at a
-time (113,000 faults and about a quarter of the step's time on 2 cores, measured with ``getrusage``). Three
-``mallopt`` settings, made before JAX starts its CPU threads, keep the block in the heap instead:
+On the CPU, XLA allocates one temp buffer per call of a compiled program and frees it at the end. glibc's
+``malloc`` serves any block over 32 MiB with a fresh ``mmap`` and returns it with ``munmap``. XLA's worker threads
+allocate from arenas that ``mmap`` large blocks whatever ``M_MMAP_MAX`` says. So every step the kernel zero-fills
+the whole buffer again, one 4 KiB page fault at a time. Three ``mallopt`` settings, made before JAX starts its CPU
+threads, keep the block in the heap instead:
 
 * ``M_ARENA_MAX = 1``: every thread allocates from the main arena (which grows with ``brk``, never bounded);
 * ``M_MMAP_MAX = 0``: no block is served by ``mmap``;
 * ``M_TRIM_THRESHOLD = 2 GiB - 1``: up to that much free memory at the top of the heap is kept, not returned.
 
-The costs: the process keeps up to its largest step's temp memory after a call ends (it is reused by the next
-call), and one arena for all threads, which slows XLA's multi-threaded compilation (measured on 2 cores: the first
-RNNsearch train step, compilation included, 3.4 -> 5.0 s at the bench size, 4.8 -> 5.3 s at the paper-like size,
-5.1 -> 7.1 s for configs/rnnsearch_cpu.py) while every later step is faster (108 -> 90 ms, 0.68 -> 0.64 s, and
-+11 % tokens/s). A short run of a small model can therefore end a few seconds later; a long or large one gains.
-PyTorch users get the same effect from preloading jemalloc or tcmalloc; this needs no preload. Opt out with
-``ATTN_JAX_HOST_ALLOCATOR=default``.
+The costs: the process keeps up to its largest step's temp memory after a call ends, for the next call to reuse.
+One arena for all threads slows XLA's multi-threaded compilation, while every later step is faster. A short run of
+a small model can therefore end a few seconds later; a long or large one gains. ``experiments/benchmarks/README.md``
+has the measurements. PyTorch users get the same effect from preloading jemalloc or tcmalloc; this needs no
+preload. Opt out with ``ATTN_JAX_HOST_ALLOCATOR=default``.
 """
 
 from __future__ import annotations

@@ -7,29 +7,28 @@ run for an accelerator.
     attn-jax train --config configs/transformer_base.py:smoke --workdir /tmp/smoke_tf_base   # tiny, built-in corpus
 
 Paper settings (§3, §5, Table 3 "base"): 6 + 6 post-LN layers, d_model 512, 8 heads, d_ff 2048, dropout 0.1 on
-embeddings and sub-layer outputs, label smoothing 0.1, sinusoidal positions, the target embedding tied to the
-pre-softmax projection; Adam (β1 0.9, β2 0.98, ε 1e-9) with ``lr = d^-0.5 · min(step^-0.5, step · 4000^-1.5)``,
+embeddings and sub-layer outputs, label smoothing 0.1, sinusoidal positions, one byte-pair vocabulary of 37,000
+pieces shared by both languages (``data.joint_vocab``; 36,996 + 4 specials, divisible by 8 for tensor parallelism)
+and one embedding matrix for the source, the target and the pre-softmax projection (``share_embeddings = "all"``,
+§3.4; about 63M parameters, the paper's 65M); Adam (β1 0.9, β2 0.98, ε 1e-9) with ``lr = d^-0.5 · min(step^-0.5, step · 4000^-1.5)``,
 which is exactly ``optimizer.learning_rate = 512^-0.5 · 4000^-0.5 ≈ 6.99e-4`` reached by a linear warm-up over
 4,000 updates and then ``decay = "rsqrt"``; 100,000 updates; no gradient clipping. Decoding (§6.1): beam 4,
 length penalty α = 0.6, the last 5 checkpoints averaged (checkpoints every 1,000 updates here, 5 kept).
 Data: TFDS ``wmt14_translate/de-en`` (4.5M training pairs, English source, German target; validation =
 newstest2013, test = newstest2014), prepared once on a machine with internet (attn_jax/data/README.md).
 
-Differences from the paper: it shares one ~37,000-token byte-pair vocabulary between the languages and ties the
-source embedding too; the trainer trains one SentencePiece model per language, so this preset has two BPE
-vocabularies of 37,000 pieces each (36,996 + 4 specials: divisible by 8 for tensor parallelism) and ties the target
-side only (``share_embeddings = "decoder"``), about 19M more parameters than the paper's 65M. Batches are counted
-in sentences: 800 pairs is about the paper's 25,000 source + 25,000 target tokens at ~30 pieces a sentence (padding
-to the buckets included, a little fewer real tokens). Pairs over 128 pieces on either side are dropped (the paper
-states no limit; the trainer reports how many). SentencePiece trains on the first 1M kept sentences per language.
+Batches hold at most 25,000 padded positions a side (``data.batch_tokens``), the paper's ~25,000 source and
+25,000 target tokens a batch; padding to the buckets counts, so a batch carries a little fewer real tokens (the
+start-up lines say how many). Pairs over 128 pieces on either side are dropped (the paper states no limit; the
+trainer reports how many). SentencePiece trains on the first 1M kept sentences of each language together.
 
 Expected: the paper reports BLEU 27.3 on newstest2014 for the base model (Table 2, 12 hours on 8 P100 GPUs). That
 is tokenised BLEU; ``attn-jax evaluate`` reports sacreBLEU on detokenised text, and the two can differ by more than a
 point (Post 2018, "A Call for Clarity in Reporting BLEU Scores"). This preset has not been run here (no
 accelerator). ``--config.mixed_precision=True`` computes in bfloat16.
-Smoke variant (``:smoke``): the same architecture (post-LN, 8 heads) and optimiser at tiny sizes (3 + 3 layers,
-d_model 32, d_ff 64) on 300 generated pairs of the built-in corpus with word vocabularies (no SentencePiece
-needed), 30 updates.
+Smoke variant (``:smoke``): the same architecture (post-LN, 8 heads, one shared embedding) and optimiser at tiny
+sizes (3 + 3 layers, d_model 32, d_ff 64) on 300 generated pairs of the built-in corpus with one joint word
+vocabulary (no SentencePiece needed) and batches of 256 tokens, 30 updates.
 """
 
 import dataclasses
@@ -67,10 +66,15 @@ def get_config(arg: str | None = None):
     )
     c.data.update(corpus="tfds", tfds_name="wmt14_translate/de-en", source_key="en", target_key="de")
     c.data.update(
-        vocab="sentencepiece", sentencepiece_type="bpe", src_vocab_size=36_996, tgt_vocab_size=36_996
+        vocab="sentencepiece",
+        sentencepiece_type="bpe",
+        joint_vocab=True,
+        src_vocab_size=36_996,
+        tgt_vocab_size=36_996,
     )
+    c.model.share_embeddings = "all"
     c.data.update(max_source_length=128, max_target_length=128)
-    c.data.update(batch_size=800, eval_batch_size=128, bucket_boundaries=(16, 24, 32, 48, 64, 96, 128))
+    c.data.update(batch_tokens=25_000, eval_batch_size=128, bucket_boundaries=(16, 24, 32, 48, 64, 96, 128))
     if arg == "smoke":
         c = smoke_config(c)
         c.data.update(vocab="word", src_vocab_size=1000, tgt_vocab_size=1000)

@@ -41,11 +41,16 @@ class TinyState(NamedTuple):
 
 @dataclasses.dataclass(frozen=True)
 class TinyConfig:
-    """The model's config: vocabulary sizes (filled in by the trainer) and widths (the ``model.*`` keys)."""
+    """The model's config: vocabulary sizes (filled in by the trainer) and widths (the ``model.*`` keys).
+
+    The comment above each field is its help in ``attn-jax train --help-config``.
+    """
 
     src_vocab: int
     tgt_vocab: int
+    # Word-embedding width.
     embed: int = 32
+    # Width of the decoder's GRU state.
     hidden: int = 64
 
     def build(self, *, rngs: nnx.Rngs) -> TinyTranslator:

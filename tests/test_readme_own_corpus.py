@@ -1,7 +1,7 @@
-"""The README's "Train on your own corpus" commands, run verbatim on the corpus shipped for them.
+"""The "Four commands" of docs/own-corpus.md, run verbatim on the corpus shipped for them.
 
-The block is the fenced code block after the ``<!-- own-corpus-commands -->`` marker in README.md. Each command
-(a ``\\``-continued line joined, comments dropped) runs with ``bash -c`` exactly as written, in a fresh temporary
+The block is the fenced code block after the ``<!-- own-corpus-commands -->`` marker in docs/own-corpus.md.
+Each command (a ``\\``-continued line joined, comments dropped) runs with ``bash -c`` exactly as written, in a fresh temporary
 directory that holds symbolic links to the repository's ``configs/`` and ``tests/data/own_corpus/``: the paths
 the commands name resolve as they do from the repository root, while what they write (``runs/own``) lands in the
 temporary directory. Nothing in the commands is substituted; ``attn-jax`` is the one installed beside the
@@ -27,7 +27,7 @@ MARKER = "<!-- own-corpus-commands -->"
 def readme_commands(text: str) -> list[str]:
     """The commands of the fenced block after ``MARKER``: continuation lines joined, comments and blanks dropped."""
     _, found, rest = text.partition(MARKER)
-    assert found, f"README.md has no {MARKER} marker"
+    assert found, f"docs/own-corpus.md has no {MARKER} marker"
     lines = rest.lstrip("\n").splitlines()
     assert lines[0].startswith("```"), (
         f"the line after {MARKER} must open a fenced code block, got {lines[0]!r}"
@@ -51,7 +51,7 @@ def _lines(path: pathlib.Path) -> list[str]:
 
 
 def test_the_readme_block_is_the_whole_sequence():
-    commands = readme_commands((_ROOT / "README.md").read_text(encoding="utf-8"))
+    commands = readme_commands((_ROOT / "docs" / "own-corpus.md").read_text(encoding="utf-8"))
     assert [c.split()[:2] for c in commands] == [
         ["attn-jax", "data"],
         ["attn-jax", "train"],
@@ -80,7 +80,7 @@ def test_the_shipped_corpus_is_what_its_script_writes(tmp_path):
 
 @pytest.mark.slow
 def test_readme_own_corpus_commands_run_verbatim(tmp_path):
-    commands = readme_commands((_ROOT / "README.md").read_text(encoding="utf-8"))
+    commands = readme_commands((_ROOT / "docs" / "own-corpus.md").read_text(encoding="utf-8"))
     (tmp_path / "configs").symlink_to(_ROOT / "configs", target_is_directory=True)
     (tmp_path / "tests" / "data").mkdir(parents=True)
     (tmp_path / "tests" / "data" / "own_corpus").symlink_to(CORPUS, target_is_directory=True)

@@ -1,5 +1,5 @@
 """TensorBoard event files (``attn_jax.train.EventWriter`` over tensorboardX), read back with TensorBoard's own
-reader, and the README's TensorBoard section checked against the packaging and the files written.
+reader, and the TensorBoard section of docs/cli.md checked against the packaging and the files written.
 
 The trainer's and ``evaluate``'s files are checked on their real runs in tests/test_train_loop.py
 (``test_tensorboard_scalars_read_by_tensorboard``) and tests/test_cli_evaluate.py
@@ -96,14 +96,14 @@ def test_writer_leaves_torch_unimported(tmp_path):
 
 
 def _readme_section(title: str) -> str:
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    text = (ROOT / "docs" / "cli.md").read_text(encoding="utf-8")
     m = re.search(rf"^## {title}\n(.*?)(?=^## )", text, flags=re.S | re.M)
-    assert m, f"README.md has no '## {title}' section"
+    assert m, f"docs/cli.md has no '## {title}' section"
     return m.group(1)
 
 
 def test_readme_tensorboard_section_matches_packaging_and_files():
-    """The README's TensorBoard section: the command, an extra that exists and holds the viewer, an install
+    """The TensorBoard section of docs/cli.md: the command, an extra that exists and holds the viewer, an install
     that `make install` does, and the run directories and tags that the writer really uses."""
     section = _readme_section("TensorBoard")
     assert "tensorboard --logdir runs/X/tensorboard" in section

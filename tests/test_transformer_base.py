@@ -28,7 +28,8 @@ PRESET = pathlib.Path(__file__).resolve().parents[1] / "configs" / "transformer_
 
 def _parameter_count_by_hand(d, d_ff, n_enc, n_dec, src_vocab, tgt_vocab):
     """The base model's parameters written out from §3: attention = 4 projections d×d with biases, FFN = two
-    dense layers, LayerNorm = scale and bias per sub-layer; embeddings per vocabulary, the softmax's bias."""
+    dense layers, LayerNorm = scale and bias per sub-layer; embeddings per vocabulary (src_vocab=0: one shared
+    matrix), the softmax's bias."""
     attention = 4 * (d * d + d)
     ffn = d * d_ff + d_ff + d_ff * d + d
     norm = 2 * d
@@ -53,8 +54,10 @@ def test_full_preset_has_the_papers_settings():
         64,
     )
     assert (m.dropout, c.label_smoothing, m.norm, m.positions) == (0.1, 0.1, "post", "sinusoidal")
-    assert (m.share_embeddings, m.normalizer, m.num_kv_heads) == ("decoder", "softmax", 0)
-    assert vocab == 37_000 and vocab % 8 == 0
+    assert (m.share_embeddings, m.normalizer, m.num_kv_heads) == ("all", "softmax", 0)
+    # §5.1: one shared byte-pair vocabulary of about 37,000 tokens; batches of about 25,000 tokens a side
+    assert c.data.joint_vocab and vocab == c.data.tgt_vocab_size + 4 == 37_000 and vocab % 8 == 0
+    assert c.data.batch_tokens == 25_000
     # WMT'14 English→German through TFDS, byte-pair pieces
     d = c.data
     assert (d.corpus, d.tfds_name, d.source_key, d.target_key) == (
@@ -78,15 +81,16 @@ def test_full_preset_has_the_papers_settings():
     # the model's size, abstractly (no memory): the count written out from the paper's layer shapes
     abstract = nnx.eval_shape(lambda: Transformer(m, rngs=nnx.Rngs(0)))
     count = sum(x.size for x in jax.tree.leaves(nnx.state(abstract, nnx.Param)))
-    assert count == _parameter_count_by_hand(512, 2048, 6, 6, vocab, vocab)
-    shared = dataclasses.replace(m, share_embeddings="all")  # the paper's joint vocabulary: ~63M (paper: 65M)
-    shared_count = sum(
+    assert count == _parameter_count_by_hand(512, 2048, 6, 6, 0, vocab)
+    assert 60e6 < count < 66e6  # ~63M; the paper: 65M
+    untied = dataclasses.replace(m, share_embeddings="decoder")  # a source embedding of its own
+    untied_count = sum(
         x.size
         for x in jax.tree.leaves(
-            nnx.state(nnx.eval_shape(lambda: Transformer(shared, rngs=nnx.Rngs(0))), nnx.Param)
+            nnx.state(nnx.eval_shape(lambda: Transformer(untied, rngs=nnx.Rngs(0))), nnx.Param)
         )
     )
-    assert shared_count == count - vocab * 512 and 60e6 < shared_count < 66e6
+    assert untied_count == _parameter_count_by_hand(512, 2048, 6, 6, vocab, vocab)
 
 
 def test_smoke_variant_trains_through_the_trainer(tmp_path):
@@ -95,7 +99,8 @@ def test_smoke_variant_trains_through_the_trainer(tmp_path):
     for key in ("arch", "heads", "norm", "positions", "share_embeddings", "dropout"):
         assert config.model[key] == full.model[key], key
     assert config.optimizer.to_dict() == {**full.optimizer.to_dict(), "warmup_steps": 0}
-    assert config.data.corpus == "synthetic" and config.data.vocab == "word"
+    assert config.data.corpus == "synthetic" and config.data.vocab == "word" and config.data.joint_vocab
+    assert config.data.batch_tokens == 16 * 16  # token batches, shrunk to the sentence smoke's one shape
     # a few of its updates, evaluated and checkpointed once (the full 30 take longer than this test may)
     config = apply_overrides(
         config,

@@ -274,8 +274,7 @@ def _over_batch(fn, batch: tuple[int, ...], *xs):
     On accelerators the batch is ``vmap``-ped: one kernel over every (batch, head) at once. On the CPU it is a
     loop (``lax.map``), one batch element after another: a vmapped block step touches every head's block at
     once (32 heads × a 512 × 512 float32 block = 32 MiB, far beyond the cache), a mapped one touches one block
-    (1 MiB). Measured (B 4, H 8, K 64, 2 cores; ``experiments/benchmarks/bench.py --rows 1``): forward
-    1.5× and forward + backward 1.3× faster at L 1024, 1.3× / 1.25× at L 4096.
+    (1 MiB), which keeps it in cache (timings: benchmark row 1, ``experiments/benchmarks/bench.py --rows 1``).
     """
     if not batch:
         return fn(*xs)

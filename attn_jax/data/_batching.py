@@ -160,7 +160,8 @@ class BatchConfig:
     Attributes:
       batch_size: sentences per global batch, in every bucket. Exactly one of batch_size / tokens_per_batch.
       tokens_per_batch: token budget per global batch: a bucket of padded length L holds
-        ``tokens_per_batch // L`` rows (rounded down to a multiple of ``batch_multiple``).
+        ``tokens_per_batch // L`` rows (rounded down to a multiple of ``batch_multiple``; a bucket left with no
+        row is an error, never a batch over the budget).
       bucket_boundaries: padded lengths; a pair goes to the smallest boundary >= max(source + </s>, target +
         1). If a kept pair is longer than the last boundary, one more boundary (rounded up to a multiple of 8)
         is added.
@@ -232,6 +233,29 @@ class Bucket(NamedTuple):
     members: np.ndarray  # int64 [n], corpus indices
 
 
+class BucketStats(NamedTuple):
+    """One bucket's batches over epoch 0 (:meth:`BatchPlan.bucket_stats`).
+
+    Attributes:
+      length: the padded length L (source and target).
+      rows: rows a batch (B); a batch has ``B · L`` padded positions on each side.
+      budget_rows: rows the token budget holds (``tokens_per_batch // L``) before rounding down to the batch
+        multiple; ``rows`` without a budget.
+      batches: batches in epoch 0.
+      pairs: pairs in those batches (more than ``rows · batches`` when rows are packed).
+      src_tokens, tgt_tokens: their real source and target positions (``src_len`` and ``tgt_len`` summed:
+        each side with its ``</s>``).
+    """
+
+    length: int
+    rows: int
+    budget_rows: int
+    batches: int
+    pairs: int
+    src_tokens: int
+    tgt_tokens: int
+
+
 class BatchPlan:
     """The global batch schedule of a corpus under a :class:`BatchConfig` (identical on every process).
 
@@ -283,10 +307,45 @@ class BatchPlan:
         self._cache: dict[int, list[tuple[int, np.ndarray]]] = {}
 
     def _batch_size(self, length: int) -> int:
+        """Rows of a batch of padded length ``length``; a token budget never gives more than it holds."""
         c = self.config
         if c.batch_size is not None:
             return c.batch_size
-        return max(c.batch_multiple, c.tokens_per_batch // length // c.batch_multiple * c.batch_multiple)
+        rows = c.tokens_per_batch // length // c.batch_multiple * c.batch_multiple
+        if rows == 0:
+            raise ValueError(
+                f"a token budget of {c.tokens_per_batch:,} holds {c.tokens_per_batch // length} row(s) of padded "
+                f"length {length}, fewer than the batch multiple {c.batch_multiple}; raise it to at least "
+                f"{c.batch_multiple * length:,} or lower the length limits"
+            )
+        return rows
+
+    def bucket_stats(self, corpus: EncodedCorpus) -> list[BucketStats]:
+        """What the batches of each bucket that yields batches hold, counted over epoch 0."""
+        eos = int(self.config.add_source_eos)
+        src_need, tgt_need = corpus.src_lengths + eos, corpus.tgt_lengths + 1
+        sums = np.zeros((len(self.buckets), 4), np.int64)  # batches, pairs, source, target
+        for k, rows in self.epoch(0):
+            pairs = self._pairs(rows)
+            sums[k] += (1, len(pairs), src_need[pairs].sum(), tgt_need[pairs].sum())
+        c = self.config
+        return [
+            BucketStats(
+                length=b.length,
+                rows=b.batch_size,
+                budget_rows=b.batch_size if c.tokens_per_batch is None else c.tokens_per_batch // b.length,
+                batches=int(n),
+                pairs=int(p),
+                src_tokens=int(s),
+                tgt_tokens=int(t),
+            )
+            for b, (n, p, s, t) in zip(self.buckets, sums, strict=True)
+            if n
+        ]
+
+    def _pairs(self, rows: np.ndarray) -> np.ndarray:
+        """The corpus indices a batch's rows hold."""
+        return rows[rows >= 0]
 
     @property
     def shapes(self) -> list[tuple[int, int]]:
@@ -561,6 +620,10 @@ class PackedPlan(BatchPlan):
         )
         self._lock = threading.Lock()
         self._cache = {}
+
+    def _pairs(self, rows: np.ndarray) -> np.ndarray:
+        rows = rows[rows >= 0]
+        return np.concatenate([self.packing.rows[r] for r in rows]) if len(rows) else rows
 
 
 def assemble_packed_batch(

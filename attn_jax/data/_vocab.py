@@ -265,7 +265,10 @@ def load_vocabulary(directory: str | os.PathLike) -> WordVocabulary | SentencePi
 
 
 def save_vocabularies(directory: str | os.PathLike, source: Vocabulary, target: Vocabulary) -> None:
-    """Write the source and target vocabularies to ``directory/source`` and ``directory/target``."""
+    """Write the source and target vocabularies to ``directory/source`` and ``directory/target``.
+
+    A joint vocabulary (one for both sides) is written to both, so a reader needs no marker to find it.
+    """
     source.save(os.path.join(directory, "source"))
     target.save(os.path.join(directory, "target"))
 

@@ -3,9 +3,10 @@
 * :func:`beam_search` — batched, jit-compiled beam search with GNMT's length normalisation and coverage
   penalty, n-best lists, ensembles, and the attention matrix of every returned hypothesis.
 * :func:`greedy_decode` — beam search with one hypothesis and no penalties (the argmax loop).
-* :class:`LengthLimit` — how long a translation may grow (``max(minimum, ⌊ratio · n⌋ + offset)`` tokens), the
-  one rule ``attn-jax translate`` and ``evaluate`` share; beam search flags each hypothesis it cut there
-  (``BeamResult.truncated``).
+* :func:`search_batches` — many sentences at once: length-sorted batches at a few padded widths (few compiled
+  shapes), each sentence with its own length limit; ``translate``, ``evaluate`` and validation use it.
+* :class:`LengthLimit` — how long a translation may grow: the one rule ``attn-jax translate`` and ``evaluate``
+  share, defined in its docstring. Beam search flags each hypothesis it cut there (``BeamResult.truncated``).
 * :func:`length_penalty`, :func:`coverage_penalty`, :func:`normalized_score` — Wu et al. (2016), eq. 14.
 
 Decoding imports only the models' step interface (never data or training code).
@@ -13,6 +14,14 @@ Decoding imports only the models' step interface (never data or training code).
 
 from __future__ import annotations
 
+from attn_jax.decoding._batches import (
+    SearchBatch,
+    length_batches,
+    model_length_cap,
+    pad_rows,
+    padded_width,
+    search_batches,
+)
 from attn_jax.decoding._beam import BeamResult, beam_search, greedy_decode, output_length
 from attn_jax.decoding._limits import DEFAULT_MAX_LENGTH_OFFSET, DEFAULT_MAX_LENGTH_RATIO, LengthLimit
 from attn_jax.decoding._penalties import coverage_penalty, length_penalty, normalized_score
@@ -22,10 +31,16 @@ __all__ = [
     "DEFAULT_MAX_LENGTH_RATIO",
     "BeamResult",
     "LengthLimit",
+    "SearchBatch",
     "beam_search",
     "coverage_penalty",
     "greedy_decode",
+    "length_batches",
     "length_penalty",
+    "model_length_cap",
     "normalized_score",
     "output_length",
+    "pad_rows",
+    "padded_width",
+    "search_batches",
 ]

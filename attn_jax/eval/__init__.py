@@ -36,16 +36,19 @@ from attn_jax.eval._bleu import (
     BleuByLength,
     BleuResult,
     BucketBleu,
+    ChrfResult,
     LengthBucket,
     bleu_by_length,
     bleu_no_unk,
     bleu_subset,
     bucket_index,
     corpus_bleu,
+    corpus_chrf,
     has_unk,
     length_buckets,
 )
 from attn_jax.eval._detok import DETOKENIZERS, detokenize, looks_tokenized
+from attn_jax.eval._options import bleu_options, sacrebleu_tokenized_warning_dropped
 from attn_jax.eval._plots import attention_figsize, plot_attention, plot_bleu_by_length
 from attn_jax.eval._tables import (
     SystemScores,
@@ -65,6 +68,7 @@ __all__ = [
     "BleuByLength",
     "BleuResult",
     "BucketBleu",
+    "ChrfResult",
     "LengthBucket",
     "Link",
     "Links",
@@ -77,9 +81,11 @@ __all__ = [
     "bleu_by_length_json",
     "bleu_by_length_markdown",
     "bleu_no_unk",
+    "bleu_options",
     "bleu_subset",
     "bucket_index",
     "corpus_bleu",
+    "corpus_chrf",
     "detokenize",
     "format_pharaoh",
     "has_unk",
@@ -90,6 +96,7 @@ __all__ = [
     "parse_pharaoh",
     "plot_attention",
     "plot_bleu_by_length",
+    "sacrebleu_tokenized_warning_dropped",
     "summary_json",
     "summary_markdown",
     "threshold_alignment",

@@ -204,6 +204,54 @@ def corpus_bleu(
     return scorer.score(*scorer.prepare(hypotheses, references))
 
 
+@dataclasses.dataclass(frozen=True)
+class ChrfResult:
+    """Corpus chrF of one set of sentences, with the sacreBLEU signature that makes it reproducible.
+
+    Attributes:
+      score: chrF in [0, 100].
+      signature: sacreBLEU's signature, e.g. ``nrefs:1|case:mixed|eff:yes|nc:6|nw:0|space:no|version:2.6.0``,
+        followed by ``|detok:moses-fr`` when the sentences were detokenised before scoring.
+      num_sentences: number of hypothesis/reference pairs scored.
+    """
+
+    score: float
+    signature: str
+    num_sentences: int
+
+
+def corpus_chrf(
+    hypotheses: Sequence[str],
+    references: Sequence[str],
+    *,
+    detokenize: str = "none",
+    detokenize_lang: str = "en",
+) -> ChrfResult:
+    """Corpus chrF (Popović, 2015) of hypotheses against one reference each, computed by sacreBLEU's ``CHRF``.
+
+    ``chrF_β = (1 + β²) · chrP · chrR / (β² · chrP + chrR)`` with ``β = 2`` and the character n-gram precision
+    and recall averaged over n = 1..6, pooled over the corpus; whitespace is not counted. ``detokenize`` and
+    ``detokenize_lang`` are as in :func:`corpus_bleu` (both sides detokenised first, and the signature says so).
+
+    >>> r = corpus_chrf(["the cat sat on the mat ."], ["the cat sat on the mat ."])
+    >>> round(r.score, 6), r.num_sentences
+    (100.0, 1)
+    """
+    _check_pairs(hypotheses, references)
+    if not hypotheses:
+        raise ValueError("corpus_chrf: no sentences to score")
+    check_detokenize(detokenize, detokenize_lang)
+    with needed_by("chrF"):
+        from sacrebleu.metrics import CHRF
+
+    metric = CHRF()
+    hyps = _detokenize(hypotheses, detokenize, detokenize_lang)
+    refs = _detokenize(references, detokenize, detokenize_lang)
+    score = metric.corpus_score(list(hyps), [list(refs)])
+    suffix = "" if detokenize == "none" else f"|detok:{detokenize}-{detokenize_lang}"
+    return ChrfResult(float(score.score), str(metric.get_signature()) + suffix, len(hyps))
+
+
 def bleu_by_length(
     hypotheses: Sequence[str],
     references: Sequence[str],

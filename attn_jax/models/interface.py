@@ -1,4 +1,4 @@
-"""The decoding-step interface every translation model implements (RNNenc, RNNsearch, later the Transformer).
+"""The decoding-step interface every translation model implements (RNNenc, RNNsearch, GNMT, Transformer).
 
 Beam search and greedy decoding (``attn_jax.decoding``) see a model only through four methods::
 

@@ -136,7 +136,8 @@ class TransformerConfig:
         2023; ``1`` is multi-query attention): must divide ``heads``; ``0`` (the default) means ``heads``,
         ordinary multi-head attention.
       d_ff: inner width of the position-wise FFN (paper: 2048).
-      encoder_layers, decoder_layers: ``N`` of each stack (paper: 6 and 6).
+      encoder_layers: ``N``, the encoder's layers (paper: 6).
+      decoder_layers: ``N``, the decoder's layers (paper: 6).
       dropout: ``P_drop`` on embeddings and sub-layer outputs, in ``[0, 1)`` (paper: 0.1).
       norm: ``"post"`` (the paper: LayerNorm after each residual add) or ``"pre"`` (before each sub-layer,
         plus a final LayerNorm per stack; trains without warm-up tricks).

@@ -11,7 +11,7 @@ from flax import nnx
 def partitioned(value: jax.Array, names: tuple[str | None, ...]) -> nnx.Param:
     """An ``nnx.Param`` annotated with logical axis ``names``, as ``nnx.with_partitioning`` would annotate it.
 
-    ``eager_sharding=False`` keeps modules constructible without a mesh: the sharding issue maps the logical names to
+    ``eager_sharding=False`` keeps modules constructible without a mesh: the trainer maps the logical names to
     mesh axes through the config's rule table (``nnx.get_partition_spec`` + logical axis rules) and shards the state
     explicitly, instead of every constructor needing a mesh in context.
     """

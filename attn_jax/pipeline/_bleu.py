@@ -4,7 +4,6 @@ text that nobody chose a setting for."""
 from __future__ import annotations
 
 import contextlib
-import logging
 from collections.abc import Sequence
 from typing import Any
 
@@ -41,11 +40,9 @@ def bleu_options(
 ) -> dict[str, Any]:
     """How :func:`evaluate_workdir` scores BLEU, and the warning to give when nobody chose it for tokenised text.
 
-    Returns ``{"tokenize", "detokenize", "detokenize_lang" (None without detokenising), "looks_tokenized"
-    (``attn_jax.eval.looks_tokenized`` of the references), "warning" (one sentence, or None)}``. The warning is
-    given when the references look tokenised and neither ``--detokenize`` nor ``--bleu-tokenize`` was chosen
-    (``bleu_tokenize`` None, ``detokenize="none"``), except on the built-in corpus, whose BLEU is defined on its
-    tokens (it has no raw form): sacreBLEU's ``13a`` on tokenised text is not the standard, comparable score.
+    ``attn_jax.eval.bleu_options`` with the advice naming ``evaluate``'s flags: returns ``{"tokenize",
+    "detokenize", "detokenize_lang", "looks_tokenized", "warning"}``. The warning is given when the references
+    look tokenised and neither ``--detokenize`` nor ``--bleu-tokenize`` was chosen, except on the built-in corpus.
 
     >>> bleu_options(["l' ordinateur , dit-il ."])["warning"].startswith("BLEU is scored with tok:13a on text")
     True
@@ -54,45 +51,21 @@ def bleu_options(
     >>> bleu_options(["l' ordinateur , dit-il ."], detokenize="moses", detokenize_lang="fr")["warning"] is None
     True
     """
-    from attn_jax.eval import looks_tokenized
+    from attn_jax.eval import bleu_options as options
 
-    tokenized = looks_tokenized(references)
-    warning = None
-    if tokenized and bleu_tokenize is None and detokenize == "none" and not built_in:
-        warning = (
-            "BLEU is scored with tok:13a on text that looks tokenised (the references have punctuation set off by "
-            "spaces): not the standard sacreBLEU score of raw text. Pass --detokenize moses --detokenize-lang "
-            "LANG to score detokenised text, or --bleu-tokenize none to score the tokens as given"
-        )
-    return {
-        "tokenize": bleu_tokenize or "13a",
-        "detokenize": detokenize,
-        "detokenize_lang": detokenize_lang if detokenize != "none" else None,
-        "looks_tokenized": tokenized,
-        "warning": warning,
-    }
-
-
-class _DropTokenizedWarning(logging.Filter):
-    """Drops sacreBLEU's three-line "forgot to detokenize" warning (it comes once per scored subset)."""
-
-    _STARTS = (
-        "That's 100 lines that end in a tokenized period",
-        "It looks like you forgot to detokenize",
-        "If you insist",
+    return options(
+        references,
+        bleu_tokenize=bleu_tokenize,
+        detokenize=detokenize,
+        detokenize_lang=detokenize_lang,
+        built_in=built_in,
     )
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not str(record.msg).startswith(self._STARTS)
 
 
 @contextlib.contextmanager
 def _without_sacrebleu_tokenized_warning():
-    """sacreBLEU's tokenised-text warning silenced while scoring: :func:`bleu_options` gives one line instead."""
-    logger = logging.getLogger("sacrebleu")
-    drop = _DropTokenizedWarning()
-    logger.addFilter(drop)
-    try:
+    """sacreBLEU's tokenised-text warning silenced while scoring (``attn_jax.eval``'s filter)."""
+    from attn_jax.eval import sacrebleu_tokenized_warning_dropped
+
+    with sacrebleu_tokenized_warning_dropped():
         yield
-    finally:
-        logger.removeFilter(drop)

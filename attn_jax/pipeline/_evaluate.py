@@ -73,8 +73,9 @@ def evaluate_workdir(
       max_examples: evaluate at most this many pairs, spread evenly over the length buckets
         (:func:`select_examples`); None: all.
       out_dir: where to write (default ``workdir/eval/<split>``).
-      checkpoint: ``best`` (lowest validation loss; the latest when no kept checkpoint was evaluated, which
-        is logged and kept in ``checkpoint_note``), ``last`` or a step.
+      checkpoint: ``best`` (by the run's ``checkpoint.best_metric``, lowest validation loss by default; the
+        latest when no kept checkpoint was evaluated, which is logged and kept in ``checkpoint_note``), ``last``
+        or a step.
       weights: ``raw`` (the trained parameters) or ``ema`` (their moving average; :func:`load_model`).
       batch_size: sentences per decoding / teacher-forcing batch.
       num_heatmaps: heatmaps of the longest sentences within the training lengths that the model translates

@@ -27,10 +27,10 @@ def length_limit(
 ):
     """The decoding length limit of a run, the one rule ``attn-jax translate`` and ``evaluate`` share.
 
-    ``max(T, ⌊ratio · n⌋ + offset)`` target tokens (without ``</s>``) for a source of ``n`` tokens, with ``T``
-    the longest target the run trained on (``config.data.max_target_length``; 0 when it sets none or
-    ``config`` is None), ``ratio`` 2 and ``offset`` 10 unless given; ``max_length`` instead gives every
-    sentence that many tokens (and cannot be combined with a ratio or an offset).
+    The rule is :class:`attn_jax.decoding.LengthLimit`'s. Its ``minimum`` is the longest target the run trained
+    on (``config.data.max_target_length``; 0 when it sets none or ``config`` is None). ``ratio`` and ``offset``
+    keep their defaults unless given. ``max_length`` gives every sentence that many tokens instead, and cannot
+    be combined with a ratio or an offset.
 
     Returns:
       An ``attn_jax.decoding.LengthLimit``.
@@ -75,10 +75,11 @@ def length_flags_problem(
 
 
 def model_length_cap(model) -> int | None:
-    """The most target tokens (with ``</s>``) a model can produce: a Transformer's decoder cache holds
-    ``model.config.max_length`` positions; None for a model without such a bound (the RNNs)."""
-    cap = getattr(getattr(model, "config", None), "max_length", None)
-    return int(cap) if cap else None
+    """The most target tokens (with ``</s>``) a model can produce, or None (``attn_jax.decoding.model_length_cap``:
+    a Transformer's decoder cache holds ``model.config.max_length`` positions)."""
+    from attn_jax.decoding import model_length_cap as cap
+
+    return cap(model)
 
 
 class LengthLimitReport(NamedTuple):

@@ -54,7 +54,8 @@ def load_model(
 
     Args:
       workdir: the run directory (``checkpoints/<step>``, ``vocab/``).
-      checkpoint: ``"best"`` (lowest validation loss), ``"last"`` or a step number.
+      checkpoint: ``"best"`` (by the run's ``checkpoint.best_metric``: lowest validation loss, or highest BLEU
+        or chrF), ``"last"`` or a step number.
       weights: ``"raw"``, the trained parameters, or ``"ema"``, their moving average (a run trained with
         ``optimizer.ema_decay > 0``).
 

@@ -7,12 +7,10 @@ from typing import NamedTuple
 
 import numpy as np
 
-from attn_jax.pipeline._length import length_limit, model_length_cap
+from attn_jax.pipeline._length import length_limit
 from attn_jax.pipeline._load import LoadedModel, TranslateError
 
 __all__ = ["Translation", "length_batches", "pad_rows", "padded_width", "translate_sentences"]
-
-_MIN_WIDTH = 16  # padded source widths are powers of two from here: few compiled shapes
 
 
 class Translation(NamedTuple):
@@ -55,38 +53,26 @@ class Translation(NamedTuple):
 
 
 def padded_width(tokens: int) -> int:
-    """The padded length for ``tokens`` positions: a power of two, at least 16 (few compiled shapes)."""
-    return max(_MIN_WIDTH, 1 << max(0, tokens - 1).bit_length())
+    """The padded length for ``tokens`` positions (``attn_jax.decoding.padded_width``: few compiled shapes)."""
+    from attn_jax.decoding import padded_width as width
+
+    return width(tokens)
 
 
 def length_batches(lengths: Sequence[int], batch_size: int) -> list[tuple[list[int], int, int]]:
-    """Group sentence indices by padded width: ``(indices, width, rows)`` with ``rows`` the padded batch size.
+    """Sentence indices grouped by padded width, ``(indices, width, rows)``
+    (``attn_jax.decoding.length_batches``)."""
+    from attn_jax.decoding import length_batches as batches
 
-    ``rows`` is ``batch_size`` for full batches and the next power of two for a last partial one, so a width
-    compiles at most ``log2(batch_size) + 1`` shapes.
-    """
-    by_width: dict[int, list[int]] = {}
-    for i in sorted(range(len(lengths)), key=lambda i: lengths[i]):
-        by_width.setdefault(padded_width(lengths[i]), []).append(i)
-    out = []
-    for width, idx in sorted(by_width.items()):
-        for start in range(0, len(idx), batch_size):
-            chunk = idx[start : start + batch_size]
-            out.append((chunk, width, min(batch_size, 1 << (len(chunk) - 1).bit_length())))
-    return out
+    return batches(lengths, batch_size)
 
 
 def pad_rows(rows: list[list[int]], width: int, num_rows: int, eos_id: int, pad_id: int):
-    """``(ids [R, width] int32, mask [R, width] bool)``: each row's tokens then ``</s>``; missing rows repeat
-    the first (their results are dropped)."""
-    ids = np.full((num_rows, width), pad_id, np.int32)
-    mask = np.zeros((num_rows, width), bool)
-    for r in range(num_rows):
-        toks = rows[r] if r < len(rows) else rows[0]
-        ids[r, : len(toks)] = toks
-        ids[r, len(toks)] = eos_id
-        mask[r, : len(toks) + 1] = True
-    return ids, mask
+    """``(ids [R, width] int32, mask [R, width] bool)``, each row ending in ``</s>``
+    (``attn_jax.decoding.pad_rows``)."""
+    from attn_jax.decoding import pad_rows as pad
+
+    return pad(rows, width, num_rows, eos_id, pad_id)
 
 
 def _token_strings(vocab, ids: Sequence[int]) -> list[str]:
@@ -132,15 +118,13 @@ def translate_sentences(
     Returns:
       ``len(sentences)`` lists of :class:`Translation`.
     """
-    from attn_jax.decoding import beam_search
+    from attn_jax.decoding import search_batches
 
     rule = length_limit(loaded.config) if limit is None else limit
     try:
         rule.check()
     except ValueError as e:
         raise TranslateError(str(e)) from None
-    # A model with a fixed-size decoder cache (the Transformer's ``max_length``) cannot emit more tokens.
-    cap = model_length_cap(loaded.model)
     if not 1 <= nbest <= beam_size:
         raise TranslateError(f"--nbest must be between 1 and the beam size {beam_size}, got {nbest}")
     if batch_size < 1:
@@ -166,37 +150,30 @@ def translate_sentences(
             results[i] = [Translation("", [], [], 0.0, 0.0, None, [])] * nbest
     lengths = [len(encoded[i]) + 1 for i in todo]
     work_total, work_done, done = max(sum(lengths), 1), 0, 0
-    for chunk, width, rows in length_batches(lengths, batch_size):
-        members = [todo[c] for c in chunk]
-        src, mask = pad_rows([encoded[i] for i in members], width, rows, src_vocab.eos_id, src_vocab.pad_id)
-        # Tokens with </s>: per sentence, and the static width from the padded width (few compiled shapes).
-        width_limit = rule.tokens(width - 1) + 1
-        limits = [rule.tokens(len(encoded[i])) + 1 for i in members]
-        limits += [limits[0]] * (rows - len(members))  # the padding rows repeat the first sentence
-        copy_kwargs = {}
-        if copies:
-            ext_rows = [extended[i][0] for i in members]
-            copy_kwargs["src_ext"] = pad_rows(ext_rows, width, rows, tgt_vocab.eos_id, tgt_vocab.pad_id)[0]
-        if cap:
-            width_limit, limits = min(width_limit, cap), [min(n, cap) for n in limits]
+    batches = search_batches(
+        loaded.model,
+        [encoded[i] for i in todo],
+        limit=rule,
+        beam_size=beam_size,
+        num_return=nbest,
+        alpha=alpha,
+        beta=beta,
+        batch_size=batch_size,
+        src_eos_id=src_vocab.eos_id,
+        src_pad_id=src_vocab.pad_id,
+        bos_id=tgt_vocab.bos_id,
+        eos_id=tgt_vocab.eos_id,
+        pad_id=tgt_vocab.pad_id,
+        sources_ext=[extended[i][0] for i in todo] if copies else None,
+    )
+    while True:
         try:
-            out = beam_search(
-                loaded.model,
-                src,
-                mask,
-                beam_size=beam_size,
-                num_return=nbest,
-                max_length=width_limit,
-                limits=np.asarray(limits, np.int32),
-                length_penalty_alpha=alpha,
-                coverage_penalty_beta=beta,
-                bos_id=tgt_vocab.bos_id,
-                eos_id=tgt_vocab.eos_id,
-                pad_id=tgt_vocab.pad_id,
-                **copy_kwargs,
-            )
+            chunk, limits, out = next(batches)
+        except StopIteration:
+            break
         except ValueError as e:
             raise TranslateError(str(e).splitlines()[0]) from None
+        members = [todo[c] for c in chunk]
         tokens, lens = np.asarray(out.tokens), np.asarray(out.lengths)
         scores, log_probs = np.asarray(out.scores), np.asarray(out.log_probs)
         truncated = np.asarray(out.truncated)

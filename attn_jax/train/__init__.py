@@ -27,8 +27,10 @@ from attn_jax.train._checkpoint import (
     CheckpointUnreadable,
     Restored,
     load_checkpoint,
+    metric_rank,
 )
 from attn_jax.train._config import (
+    BEST_METRICS,
     ConfigError,
     apply_overrides,
     batch_configs,
@@ -44,8 +46,10 @@ from attn_jax.train._config import (
     paper_config,
     smoke_config,
 )
+from attn_jax.train._config_help import config_help
 from attn_jax.train._coverage import coverage_loss
 from attn_jax.train._diagnostics import DIAG_BAND, AttentionStats, attention_stats, summarize_attention
+from attn_jax.train._early_stopping import EarlyStopping, early_stopping_update
 from attn_jax.train._inputs import (
     Inputs,
     SplitReport,
@@ -87,6 +91,7 @@ from attn_jax.train._step import (
     zero_grad_sums,
 )
 from attn_jax.train._tensorboard import EventWriter
+from attn_jax.train._validation import TranslationScores, TranslationValidator
 
 __all__ = [
     "AverageError",
@@ -105,12 +110,14 @@ __all__ = [
     "shard_train_state",
     "train_state_shardings",
     "BEST_METRIC",
+    "BEST_METRICS",
     "DIAG_BAND",
     "AttentionStats",
     "CheckpointManager",
     "CheckpointSaveError",
     "CheckpointUnreadable",
     "ConfigError",
+    "EarlyStopping",
     "EvalMetrics",
     "GradSums",
     "HostAllocator",
@@ -140,9 +147,11 @@ __all__ = [
     "batch_configs",
     "build_module",
     "check_config",
+    "config_help",
     "coverage_loss",
     "default_config",
     "describe_split",
+    "early_stopping_update",
     "ema_decay_at",
     "eval_step",
     "evaluate",
@@ -158,6 +167,7 @@ __all__ = [
     "make_inputs",
     "make_optimizer",
     "make_schedule",
+    "metric_rank",
     "model_config",
     "model_class",
     "model_defaults",
@@ -172,6 +182,8 @@ __all__ = [
     "token_cross_entropy",
     "train_and_evaluate",
     "train_step",
+    "TranslationScores",
+    "TranslationValidator",
     "tune_host_allocator",
     "zero_grad_sums",
 ]

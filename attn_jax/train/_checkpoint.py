@@ -2,7 +2,8 @@
 
 Layout of ``<workdir>/checkpoints/<step>/``: ``state/`` (the :class:`TrainState` pytree: params, optimiser state,
 step, RNG), ``data/`` (the batch iterator's ``get_state()`` JSON), ``config/`` (the run's config as JSON) and
-``metrics/`` (the validation metrics the step was ranked by, when it was evaluated).
+``metrics/`` (the validation metrics the step was ranked by, when it was evaluated, with ``best_metric``: the
+name of the ranking metric, :data:`attn_jax.train.BEST_METRICS`).
 
 Multi-process runs: every process calls :meth:`CheckpointManager.save` and :meth:`~CheckpointManager.restore`
 (orbax coordinates them through ``jax.distributed``): each array's shards are written by the processes that hold
@@ -11,8 +12,10 @@ them, the JSON items by process 0, and the step is committed once all are writte
 shardings, whatever mesh or process count wrote it; without a target (:func:`load_checkpoint`) arrays come back
 on the first local device.
 
-Kept: the last ``keep`` checkpoints, plus the best one by validation NLL per token (orbax ``LatestN`` ∪
-``BestN``). A save is atomic: orbax writes ``<step>.orbax-checkpoint-tmp*`` and renames it to ``<step>`` only
+Kept: the last ``keep`` checkpoints, plus the best one by the run's ``checkpoint.best_metric`` (validation NLL
+per token, lower is better; or BLEU or chrF, higher is better; ties go to the earlier step). A checkpoint records
+the metric it was ranked by, so a run read back (``load_checkpoint(best=True)``, ``--checkpoint best``) is ranked
+the same way; checkpoints written before the metric was recorded are ranked by NLL. A save is atomic: orbax writes ``<step>.orbax-checkpoint-tmp*`` and renames it to ``<step>`` only
 after every item is written (``AtomicRenameTemporaryPath.finalize``), and the step listing ignores temporary
 directories, so a process killed half-way through a save leaves the previous checkpoint as the latest one.
 
@@ -30,6 +33,7 @@ import contextlib
 import dataclasses
 import gc
 import logging
+import math
 import os
 from collections.abc import Iterable
 from typing import Any, NamedTuple
@@ -40,6 +44,8 @@ from etils import epath
 from orbax.checkpoint import checkpoint_managers as ocm
 from orbax.checkpoint import metadata as ocp_metadata
 
+from attn_jax.train._config import BEST_METRICS
+
 __all__ = [
     "BEST_METRIC",
     "CheckpointManager",
@@ -47,9 +53,10 @@ __all__ = [
     "CheckpointUnreadable",
     "Restored",
     "load_checkpoint",
+    "metric_rank",
 ]
 
-BEST_METRIC = "nll_per_token"  # validation metric a checkpoint is ranked by (lower is better)
+BEST_METRIC = "nll_per_token"  # the validation metric of runs that record none (lower is better)
 _ITEMS = ("state", "data", "config")
 
 
@@ -97,8 +104,40 @@ def failure_reason(error: BaseException) -> str:
     return f"{type(error).__name__}: {text}" if text else type(error).__name__
 
 
-def _best_metric(metrics: dict) -> float:
-    return float(metrics[BEST_METRIC])
+def metric_rank(metrics: dict | None, best_metric: str = "nll") -> float | None:
+    """The rank of a checkpoint's validation ``metrics`` by ``best_metric`` (a key of
+    :data:`attn_jax.train.BEST_METRICS`): lower is better (BLEU and chrF are negated); None when the metric is
+    missing or not finite, so the checkpoint is not ranked.
+
+    >>> metric_rank({"nll_per_token": 2.5, "bleu": 10.0}), metric_rank({"nll_per_token": 2.5, "bleu": 10.0}, "bleu")
+    (2.5, -10.0)
+    """
+    key, higher = BEST_METRICS[best_metric]
+    value = None if not metrics else metrics.get(key)
+    if not isinstance(value, int | float) or not math.isfinite(value):
+        return None
+    return -float(value) if higher else float(value)
+
+
+def recorded_best_metric(metrics: dict | None) -> str | None:
+    """The ``best_metric`` a checkpoint's metrics name, or None (a checkpoint saved before it was recorded)."""
+    name = None if not metrics else metrics.get("best_metric")
+    return name if name in BEST_METRICS else None
+
+
+@dataclasses.dataclass
+class _KeepBest:
+    """orbax preservation policy: keep the checkpoint of lowest rank (:func:`metric_rank`), the earliest on ties."""
+
+    best_metric: str
+
+    def should_preserve(self, checkpoints, *, context) -> list[bool]:
+        del context
+        ranked = [
+            (r, c.step) for c in checkpoints if (r := metric_rank(c.metrics, self.best_metric)) is not None
+        ]
+        best = min(ranked, default=(None, None))[1]
+        return [c.step == best for c in checkpoints]
 
 
 class CheckpointManager:
@@ -107,7 +146,9 @@ class CheckpointManager:
     Args:
       directory: where step directories live (created if missing).
       keep: how many of the latest checkpoints to keep (>= 1).
-      keep_best: also keep the checkpoint with the lowest validation NLL per token.
+      keep_best: also keep the best checkpoint by ``best_metric``.
+      best_metric: the validation metric that ranks checkpoints (``nll``, ``bleu`` or ``chrf``); a run read
+        back ranks by the metric its newest ranked checkpoint recorded (:meth:`recorded_best_metric`).
       async_save: write in a background thread (orbax's async checkpointing); the arrays are copied to host
         memory before ``save`` returns, so the caller may donate them to the next step right away.
       read_only: only read (never creates, saves or deletes).
@@ -119,21 +160,26 @@ class CheckpointManager:
         *,
         keep: int = 3,
         keep_best: bool = True,
+        best_metric: str = "nll",
         async_save: bool = True,
         read_only: bool = False,
     ):
         if keep < 1:
             raise ValueError(f"keep must be >= 1, got {keep}")
+        if best_metric not in BEST_METRICS:
+            raise ValueError(f"best_metric must be one of {', '.join(BEST_METRICS)}, got {best_metric!r}")
+        self.best_metric = best_metric
         policies: list[ocm.PreservationPolicy] = [ocm.LatestN(n=keep)]
         if keep_best:
-            policies.append(
-                ocm.BestN(
-                    get_metric_fn=_best_metric, reverse=True, n=1, keep_checkpoints_without_metrics=False
-                )
-            )
+            policies.append(_KeepBest(best_metric))
+
+        def rank(metrics: dict) -> float:
+            r = metric_rank(metrics, self.best_metric)
+            return math.inf if r is None else r
+
         options = ocp.CheckpointManagerOptions(
             preservation_policy=ocm.AnyPreservationPolicy(policies),
-            best_fn=_best_metric if keep_best else None,
+            best_fn=rank if keep_best else None,  # orbax writes metrics only then; best_step ranks them
             best_mode="min",
             enable_async_checkpointing=async_save,
             create=not read_only,
@@ -148,9 +194,19 @@ class CheckpointManager:
         return self._manager.latest_step()
 
     def best_step(self) -> int | None:
-        """The step with the lowest validation NLL per token; None when no kept checkpoint was evaluated
-        (:func:`load_checkpoint` then falls back to the latest and says so)."""
-        return self._manager.best_step()
+        """The kept step best by :attr:`best_metric` (the earliest on ties); None when no kept checkpoint has
+        that metric (:func:`load_checkpoint` then falls back to the latest and says so)."""
+        ranked = [(r, s) for s in self.all_steps() if (r := self.metric(s)) is not None]
+        return min(ranked, default=(None, None))[1]
+
+    def recorded_best_metric(self) -> str:
+        """The ``best_metric`` the newest kept checkpoint with metrics recorded; ``nll`` when none did (a run
+        written before checkpoints recorded it)."""
+        for step in sorted(self.all_steps(), reverse=True):
+            name = recorded_best_metric(self.metrics(step))
+            if name is not None:
+                return name
+        return "nll"
 
     def all_steps(self) -> list[int]:
         """Steps of every finished checkpoint kept, ascending."""
@@ -161,7 +217,8 @@ class CheckpointManager:
     ) -> None:
         """Save ``state`` (a pytree of arrays), the iterator's JSON state and the config as step ``step``.
 
-        ``metrics`` (validation metrics, with ``nll_per_token``) rank the checkpoint for best-keeping.
+        ``metrics`` (validation metrics: ``nll_per_token``, and ``bleu``/``chrf`` when scored) rank the checkpoint
+        for best-keeping; the name of :attr:`best_metric` is saved with them.
 
         Raises:
           CheckpointSaveError: this save, or the previous (background) one, failed.
@@ -174,6 +231,8 @@ class CheckpointManager:
         )
         self._pending = step
         try:
+            if metrics is not None:
+                metrics = {**metrics, "best_metric": self.best_metric}
             self._manager.save(step, args=args, metrics=metrics, force=True)
         except Exception as e:
             raise self._save_error(step, e) from e
@@ -250,13 +309,17 @@ class CheckpointManager:
             failed,
         )
 
-    def metric(self, step: int) -> float | None:
-        """The validation NLL per token step ``step`` was ranked by, or None (not evaluated, or unreadable)."""
+    def metrics(self, step: int) -> dict | None:
+        """The validation metrics saved with step ``step``, or None (not evaluated, or unreadable)."""
         try:
-            metrics = self._manager.metrics(step)
-            return None if not metrics or BEST_METRIC not in metrics else _best_metric(metrics)
+            return self._manager.metrics(step) or None
         except Exception:  # a damaged metrics file: the step is merely not ranked
             return None
+
+    def metric(self, step: int) -> float | None:
+        """Step ``step``'s rank by :attr:`best_metric` (:func:`metric_rank`: lower is better), or None (not
+        evaluated, the metric not scored, or unreadable)."""
+        return metric_rank(self.metrics(step), self.best_metric)
 
     def _on_one_device(self, step: int):
         """The saved state's structure as ``ShapeDtypeStruct``s on the first local device (from its metadata).
@@ -393,8 +456,10 @@ def load_checkpoint(workdir: str | os.PathLike, step: int | None = None, *, best
     evaluation, or ``checkpoint_every < eval_every`` and killed) restores the latest finished checkpoint
     instead, and says so in :attr:`Restored.note` (never silently).
 
-    A best or latest checkpoint that cannot be read (a truncated or deleted file) is skipped for the next best
-    (by validation NLL per token, then the newest unevaluated ones) or the next newest one that loads;
+    The best checkpoint is the best by the metric the run ranked its checkpoints by (``checkpoint.best_metric``,
+    recorded with each checkpoint's metrics; validation NLL per token for a run that recorded none), the
+    earliest on ties. A best or latest checkpoint that cannot be read (a truncated or deleted file) is skipped
+    for the next best (by that metric, then the newest unranked ones) or the next newest one that loads;
     :attr:`Restored.note` names each skipped step and why. A ``step`` asked for by number is never replaced.
 
     Raises:
@@ -408,6 +473,7 @@ def load_checkpoint(workdir: str | os.PathLike, step: int | None = None, *, best
     try:
         notes = []
         steps = manager.all_steps()
+        manager.best_metric = manager.recorded_best_metric()
         if step is not None:
             candidates = [step]
         elif not steps:
@@ -417,15 +483,17 @@ def load_checkpoint(workdir: str | os.PathLike, step: int | None = None, *, best
             candidates = newest_first
             if best:
                 ranked = {s: m for s in steps if (m := manager.metric(s)) is not None}
-                first = [b] if (b := manager.best_step()) is not None else []
-                if first or ranked:
-                    candidates = first + sorted(
-                        (s for s in ranked if s not in first), key=lambda s: (ranked[s], -s)
-                    )
+                if ranked:
+                    candidates = sorted(ranked, key=lambda s: (ranked[s], s))  # best_step's order
                     candidates += [s for s in newest_first if s not in candidates]
                 else:
+                    what = (
+                        "validation metrics"
+                        if manager.best_metric == "nll"
+                        else f"a validation {manager.best_metric}"
+                    )
                     notes.append(
-                        "no kept checkpoint has validation metrics, so there is no best one: using the latest "
+                        f"no kept checkpoint has {what}, so there is no best one: using the latest "
                         f"finished checkpoint, step {newest_first[0]} (of {steps})"
                     )
         try:

@@ -7,79 +7,9 @@ starts from :func:`default_config`, so every config has exactly the schema's key
 with the type of the field they replace; an unknown key, a value of the wrong type or an impossible value is
 a :class:`ConfigError` with a one-line message.
 
-The schema (every field, with its default):
-
-``seed`` (0) — parameter initialisation, shuffling and the run's PRNG key; an int in [0, 2**63 - 1].
-``num_train_steps`` (1000), ``log_every`` (50), ``eval_every`` (500), ``checkpoint_every`` (500) — in updates;
-evaluation and a checkpoint also happen at the last step.
-``keep_checkpoints`` (3) — the last K checkpoints kept; ``keep_best`` (True) — also keep the best by validation
-NLL per token; ``async_checkpoints`` (True) — orbax writes in the background.
-``tensorboard`` (True) — TensorBoard event files beside ``metrics.jsonl``.
-``label_smoothing`` (0.0) — ``ε`` of the training loss.
-``lambda_coverage`` (0.0) — ``λ`` of the coverage loss ``Σ_j min(α_tj, c_tj)`` (See et al. 2017; OpenNMT-py's
-``lambda_coverage``) added to the training loss and reported as ``coverage_loss``; needs ``model.coverage``.
-``coverage_start_step`` (0) — the coverage loss joins the training updates only after this many updates (See et
-al. 2017 train without it, then add it for a final phase; from the first update the demo's attention never
-locks on: experiments/coverage/README.md); validation always includes it. Needs ``lambda_coverage`` > 0.
-``lambda_align`` (0.0) — weight of the guided-alignment loss (Chen et al. 2016; Garg et al. 2019;
-:mod:`attn_jax.train._align`): the cross-entropy between each aligned target word's gold links (normalised to
-sum 1) and the attention weights the model returns (RNNsearch's attention, GNMT's, the Transformer's last
-decoder layer averaged over heads), averaged over the target words with at least one link and added to the
-per-token translation loss; 0: the term is not computed at all. Needs a model with attention, word-level
-vocabularies and gold alignments for the training split: the built-in corpus' own, or ``data.alignment_path``.
-``mixed_precision`` (False) — bfloat16 compute; parameters and optimiser state stay float32.
-``model.arch`` picks the model and with it the other ``model.*`` keys: the fields of its config class except the
-vocabulary sizes (taken from the built vocabularies) and the dtypes (``mixed_precision``). ``rnnsearch`` /
-``rnnenc`` (:class:`attn_jax.models.RNNConfig`): ``embed``, ``hidden``, ``maxout``, ``align``, ``scorer``,
-``input_feeding``, ``local_window``, ``intra_attention``, ``attention_init``, ``normalizer`` (``softmax``,
-``sparsemax`` or ``entmax15``: what turns the attention scores into weights), ``coverage`` (False; RNNsearch with
-an additive scorer: the accumulated attention feeds the scorer, Tu et al. 2016 / See et al. 2017), ``copy`` (False;
-RNNsearch: the pointer-generator of See et al. 2017, eq. 8-9, copies source words outside the target vocabulary by
-attention; needs ``data.vocab=word`` and ``label_smoothing=0``); ``gnmt`` (:class:`attn_jax.models.GNMTConfig`): ``embed``, ``hidden``,
-``encoder_layers``, ``decoder_layers``, ``residual_start``, ``attention``, ``align``, ``pipeline_stages``;
-``transformer`` (:class:`attn_jax.models.TransformerConfig`): ``d_model``, ``heads``, ``d_ff``, ``encoder_layers``,
-``decoder_layers``, ``dropout``, ``norm``, ``positions``, ``max_length``, ``share_embeddings``.
-``transformer`` also takes ``num_kv_heads`` (grouped-query attention; 0 = ``heads``), ``normalizer``
-(``softmax``, ``sparsemax`` or ``entmax15``, in every attention of both stacks); ``positions`` is
-``sinusoidal``, ``learned``, ``rope``, ``alibi`` (Press et al. 2022) or ``relative`` (Shaw et al. 2018, clipped at
-``max_relative_positions``, default 16; softmax only). Your own model:
-``model.arch = "module:Class"`` names a frozen dataclass with ``src_vocab``/``tgt_vocab`` fields and a
-``build(*, rngs)`` method (:func:`model_class`); its other fields are the ``model.*`` keys.
-A config file for another architecture starts from ``default_config(arch)``.
-``optimizer.*`` — the fields of :class:`attn_jax.train.OptimizerConfig` (default: the paper's Adadelta).
-``data.corpus`` — ``synthetic`` (the built-in corpus), ``tfds``, ``plain`` or ``tsv``; then
-``data.synthetic`` (``tiny``/``small``/``default``, or ``custom`` = ``data.synthetic_spec``: ``train_size``,
-``validation_size``, ``test_per_bucket``, ``seed``, ``min_length``, ``max_length`` of the generator) and
-``data.use_tfds`` (read the TFDS-built dataset instead of generating the same pairs in memory);
-``data.tfds_name``/``source_key``/``target_key``/``data_dir``; ``data.source_path``/``target_path`` (plain
-text, ``{split}`` replaced by the split name); ``data.tsv_path``; ``data.alignment_path`` (plain or tsv only:
-a Pharaoh file ``i-j ...`` beside the text, one line per pair, ``{split}`` replaced as above; it gives the
-validation split gold-hit diagnostics, ``evaluate`` its AER, and ``lambda_align`` its supervision). ``data.train_split``/``eval_split``
-(``validation``; a file corpus without ``validation`` files reads its ``valid`` or ``dev`` ones, and says so;
-``none`` or ``""``: no validation split, so no validation runs and the best checkpoint is the latest),
-``data.max_train_examples``/``max_eval_examples`` (0: all), ``data.vocab`` (``word``: the paper's word shortlists;
-``sentencepiece``: SentencePiece subwords trained on the training side of each language, of type
-``data.sentencepiece_type``, ``unigram`` or ``bpe``), ``data.src_vocab_size``/``tgt_vocab_size`` (K words or
-pieces; four specials are added; SentencePiece gives fewer when the corpus supports no more, and the start-up
-output says how many), ``data.max_source_length``/``max_target_length`` (pairs longer are dropped; in words, or
-in pieces with ``sentencepiece``), ``data.batch_size``/``eval_batch_size``, ``data.bucket_boundaries``,
-``data.prefetch``. ``data.pack`` (False) — pack several training pairs into each row of one fixed width
-(segment ids and per-pair positions, no attention across pairs; ``model.arch=transformer`` only); rows per
-batch stay ``data.batch_size``, so a batch carries more pairs; validation stays unpacked.
-``debug.inject_nan_at_step`` (-1: off) — make the parameters NaN just before update k, to exercise the
-divergence guard.
-``parallel.strategy`` (``none``) — ``none``: one device, the plain jitted step; ``data``, ``tensor``,
-``pipeline``, ``data+pipeline``, ``data+tensor`` (any ``+``-join of data, tensor, pipeline): a device mesh
-``data × model × stage`` over every process's devices, parameters and batches sharded by the logical-axis rules
-of :func:`attn_jax.parallel.rules_for`. ``parallel.data``/``model``/``stage`` (0) — the mesh's axis sizes; an
-axis the strategy does not use must be 0 or 1 (it becomes 1), and one used axis may be 0: it takes the devices
-the others leave (``data = devices / (model · stage)``). The product must equal the number of devices (a
-single-process run may use fewer: the first ones). ``data.batch_size`` and ``data.eval_batch_size`` must be
-multiples of ``parallel.data``. Pipelining splits GNMT's residual stacks: ``parallel.stage`` must equal
-``model.pipeline_stages`` (``parallel.stage=0`` takes it from the model), and ``model.pipeline_stages > 1``
-needs a pipeline strategy; the model config is never changed behind the user's back.
-``parallel.strict_sharding`` (False) — a parameter dim that does not divide by its mesh axes is an error
-instead of being replicated.
+Each key is explained where it is defined: by the comment above it in :func:`default_config`, or for the
+``model.*`` and ``optimizer.*`` keys by the ``Attributes:`` section of the config class.
+:func:`config_help` reads those lines for ``attn-jax train --help-config`` and the docs' config page.
 """
 
 from __future__ import annotations
@@ -101,6 +31,7 @@ from attn_jax.parallel import STRATEGIES, rules_for
 from attn_jax.train._optim import OptimizerConfig
 
 __all__ = [
+    "BEST_METRICS",
     "ConfigError",
     "apply_overrides",
     "batch_configs",
@@ -203,64 +134,162 @@ def default_config(arch: str = "rnnsearch") -> ml_collections.ConfigDict:
     8
     """
     c = ml_collections.ConfigDict()
+    # Seeds parameter initialisation, shuffling and the run's PRNG key; an int in [0, 2**63 - 1].
     c.seed = 0
+    # Training length in updates (optimiser steps).
     c.num_train_steps = 1000
+    # Log the training metrics every N updates.
     c.log_every = 50
+    # Validate every N updates, and after the last one.
     c.eval_every = 500
+    # Save a checkpoint every N updates, and after the last one.
     c.checkpoint_every = 500
+    # Keep the last K checkpoints; older ones are deleted.
     c.keep_checkpoints = 3
+    # Also keep the best checkpoint by checkpoint.best_metric.
     c.keep_best = True
+    # Write checkpoints in the background (orbax's async saving) while training goes on.
     c.async_checkpoints = True
+    # Write TensorBoard event files beside metrics.jsonl.
     c.tensorboard = True
+    # Label smoothing ε of the training loss; 0: plain cross-entropy.
     c.label_smoothing = 0.0
+    # Weight λ of the coverage loss Σ_j min(α_tj, c_tj) (See et al. 2017); needs model.coverage.
     c.lambda_coverage = 0.0
+    # Add the coverage loss to training only after this many updates; validation always includes it.
     c.coverage_start_step = 0
+    # Weight of the guided-alignment loss (alignment_loss) toward gold word alignments; 0: off.
     c.lambda_align = 0.0
+    # Compute in bfloat16; parameters and optimiser state stay float32.
     c.mixed_precision = False
+    # The model: rnnsearch, rnnenc, gnmt, transformer or module:Class; its fields are the model.* keys.
     c.model = model_defaults(arch)
+    # The optimiser: the fields of OptimizerConfig (default: the paper's Adadelta).
     c.optimizer = ml_collections.ConfigDict(dataclasses.asdict(OptimizerConfig()))
     spec = _SYNTHETIC_NAMED["small"]
     c.data = ml_collections.ConfigDict(
         dict(
+            # The corpus: synthetic (built in), tfds, plain (one file per side) or tsv.
             corpus="synthetic",
+            # Size of the built-in corpus: tiny, small, default, or custom (data.synthetic_spec).
             synthetic="small",
+            # Read the built-in corpus from its TFDS build instead of generating the same pairs in memory.
             use_tfds=False,
+            # The generator's settings when data.synthetic=custom.
             synthetic_spec=dict(
+                # Training pairs generated.
                 train_size=spec.train_size,
+                # Validation pairs generated.
                 validation_size=spec.validation_size,
+                # Test pairs generated per length bucket.
                 test_per_bucket=spec.test_per_bucket,
+                # The generator's seed.
                 seed=spec.seed,
+                # Shortest generated sentence, in words.
                 min_length=spec.min_length,
+                # Longest generated sentence, in words.
                 max_length=spec.max_length,
             ),
+            # TFDS dataset name (data.corpus=tfds), e.g. wmt14_translate/fr-en.
             tfds_name="",
+            # The TFDS feature holding the source sentence.
             source_key="",
+            # The TFDS feature holding the target sentence.
             target_key="",
+            # TFDS data directory; empty: TFDS's default.
             data_dir="",
+            # Source text file, one sentence a line (data.corpus=plain); {split} stands for the split name.
             source_path="",
+            # Target text file, line-aligned with the source; {split} stands for the split name.
             target_path="",
+            # A tab-separated file of source and target (data.corpus=tsv); {split} stands for the split name.
             tsv_path="",
+            # Gold word alignments in Pharaoh format (i-j ...), one line per pair (plain or tsv only).
             alignment_path="",
+            # The split to train on.
             train_split="train",
+            # The validation split (a file corpus also tries valid and dev); none or empty: no validation.
             eval_split="validation",
+            # Keep at most this many training pairs; 0: all.
             max_train_examples=0,
+            # Keep at most this many validation pairs; 0: all.
             max_eval_examples=0,
+            # Vocabulary: word (the paper's word shortlists) or sentencepiece (subwords learnt per language).
             vocab="word",
+            # SentencePiece model type with data.vocab=sentencepiece: unigram or bpe.
             sentencepiece_type="unigram",
+            # One vocabulary learnt over both languages (src_vocab_size of them; tgt_vocab_size must match).
+            joint_vocab=False,
+            # Source vocabulary: K words or pieces, plus four specials (SentencePiece may give fewer).
             src_vocab_size=30000,
+            # Target vocabulary: K words or pieces, plus four specials (SentencePiece may give fewer).
             tgt_vocab_size=30000,
+            # Drop pairs whose source is longer (words, or pieces with sentencepiece); the drops are counted.
             max_source_length=50,
+            # Drop pairs whose target is longer (words, or pieces with sentencepiece); the drops are counted.
             max_target_length=50,
+            # Training pairs per batch.
             batch_size=80,
+            # Token budget of a training batch: rows × padded length <= N in every bucket; 0: batch_size pairs.
+            batch_tokens=0,
+            # Validation pairs per batch.
             eval_batch_size=80,
+            # Padded lengths of the length buckets; a batch is drawn from one bucket.
             bucket_boundaries=(16, 24, 32, 48, 64, 96, 128),
+            # Batches prepared ahead of the training step.
             prefetch=2,
+            # Pack several training pairs into each row, with no attention across pairs (transformer only).
             pack=False,
         )
     )
-    c.debug = ml_collections.ConfigDict(dict(inject_nan_at_step=-1))
+    c.checkpoint = ml_collections.ConfigDict()
+    # The validation metric that picks the best checkpoint: nll (lower is better), bleu or chrf (higher).
+    c.checkpoint.best_metric = "nll"
+    c.early_stopping = ml_collections.ConfigDict()
+    # Stop after this many validations without improvement of checkpoint.best_metric; 0: never stop early.
+    c.early_stopping.patience = 0
+    # An improvement must beat the best value so far by more than this (in the metric's own units).
+    c.early_stopping.min_delta = 0.0
+    c.validation = ml_collections.ConfigDict()
+    # Translate the validation split at every validation and score it with sacreBLEU's BLEU and chrF.
+    c.validation.bleu = False
+    # Beam size of that translation; 1 is greedy decoding.
+    c.validation.beam_size = 1
+    # GNMT length normalisation α of the beam's scores (attn-jax evaluate --alpha); greedy ignores it.
+    c.validation.alpha = 0.6
+    # GNMT coverage penalty β (attn-jax evaluate --beta); greedy ignores it; needs attention.
+    c.validation.beta = 0.0
+    # Sentences per decoding batch; 0: data.eval_batch_size.
+    c.validation.batch_size = 0
+    # Length limit max(data.max_target_length, ⌊ratio · n⌋ + offset) tokens for n source tokens: the ratio.
+    c.validation.max_length_ratio = 2.0
+    # The offset of that length limit (attn-jax evaluate --max-length-offset).
+    c.validation.max_length_offset = 10
+    # sacreBLEU tokeniser (13a, none, intl, ...); "": 13a, with a warning when references look tokenised.
+    c.validation.bleu_tokenize = ""
+    # Detokenise hypotheses and references before scoring: none or moses (attn-jax evaluate --detokenize).
+    c.validation.detokenize = "none"
+    # The Moses language of the detokeniser (en, fr, de, ...).
+    c.validation.detokenize_lang = "en"
+    c.debug = ml_collections.ConfigDict(
+        dict(
+            # Make the parameters NaN just before update k, to test the divergence guard; -1: off.
+            inject_nan_at_step=-1,
+        )
+    )
     c.parallel = ml_collections.ConfigDict(
-        dict(strategy="none", data=0, model=0, stage=0, strict_sharding=False)
+        dict(
+            # none (one device), or a +-join of data, tensor and pipeline over a data × model × stage mesh.
+            strategy="none",
+            # Size of the mesh's data axis; 0: the devices the other axes leave (1 if unused).
+            data=0,
+            # Size of the mesh's model (tensor) axis; 0: the devices the other axes leave (1 if unused).
+            model=0,
+            # Size of the mesh's stage (pipeline) axis: model.pipeline_stages, or 0 to take it from there.
+            stage=0,
+            # A parameter dim that does not divide by its mesh axes is an error instead of replicated.
+            strict_sharding=False,
+        )
     )
     return c
 
@@ -485,17 +514,29 @@ def optimizer_config(config: ml_collections.ConfigDict) -> OptimizerConfig:
         raise ConfigError(str(e)) from None
 
 
-def batch_configs(config: ml_collections.ConfigDict) -> tuple[BatchConfig, BatchConfig]:
-    """``(train, eval)`` batching: shuffled endless training batches; every validation pair once, in order."""
+def batch_configs(config: ml_collections.ConfigDict, data_axis: int = 1) -> tuple[BatchConfig, BatchConfig]:
+    """``(train, eval)`` batching: shuffled endless training batches; every validation pair once, in order.
+
+    Training batches hold ``data.batch_size`` pairs, or with ``data.batch_tokens`` as many rows as the budget
+    holds in each bucket, rounded down to a multiple of ``data_axis`` (the mesh's data axis). Validation
+    batches always hold ``data.eval_batch_size`` pairs: one fixed set of shapes, compiled once.
+    """
     d = config.data
     common = dict(
         bucket_boundaries=tuple(d.bucket_boundaries),
         max_source_length=d.max_source_length,
         max_target_length=d.max_target_length,
     )
+    tokens = d.get("batch_tokens", 0)  # a run saved before the key existed has none
+    # The sentence schedule keeps batch_multiple=1, so its fingerprint does not depend on the mesh.
+    size = dict(batch_size=None, tokens_per_batch=tokens, batch_multiple=data_axis) if tokens else {}
     try:
         train = BatchConfig(
-            batch_size=d.batch_size, shuffle=True, seed=config.seed, drop_remainder=True, **common
+            **{"batch_size": d.batch_size, **size},
+            shuffle=True,
+            seed=config.seed,
+            drop_remainder=True,
+            **common,
         )
         evaluation = BatchConfig(
             batch_size=d.eval_batch_size, shuffle=False, num_epochs=1, drop_remainder=False, **common
@@ -603,9 +644,10 @@ def check_config(config: ml_collections.ConfigDict) -> None:
         raise ConfigError(
             f"data.sentencepiece_type must be one of {', '.join(SENTENCEPIECE_TYPES)}; got {d.sentencepiece_type!r}"
         )
-    for key in ("max_train_examples", "max_eval_examples", "prefetch"):
+    for key in ("max_train_examples", "max_eval_examples", "prefetch", "batch_tokens"):
         if d[key] < 0:
             raise ConfigError(f"data.{key} must be >= 0, got {d[key]}")
+    _check_joint_vocab(config)
     if d.pack and config.model.arch != "transformer":
         raise ConfigError(
             f"data.pack=True needs model.arch=transformer (the only model that reads segment ids); got "
@@ -620,6 +662,77 @@ def check_config(config: ml_collections.ConfigDict) -> None:
         )
     model_config(config, src_vocab=8, tgt_vocab=8)
     _check_parallel(config)
+    _check_validation(config)
+
+
+# checkpoint.best_metric -> (the validation record's key, whether higher is better).
+BEST_METRICS = {"nll": ("nll_per_token", False), "bleu": ("bleu", True), "chrf": ("chrf", True)}
+
+
+def _check_validation(config: ml_collections.ConfigDict) -> None:
+    """``validation.*``, ``checkpoint.best_metric`` and ``early_stopping.*``: values in range, and a validation
+    split (and translation) for whatever needs one."""
+    v, best, es = config.validation, config.checkpoint.best_metric, config.early_stopping
+    if best not in BEST_METRICS:
+        raise ConfigError(f"checkpoint.best_metric must be one of {', '.join(BEST_METRICS)}; got {best!r}")
+    if es.patience < 0:
+        raise ConfigError(f"early_stopping.patience must be >= 0 (0: off), got {es.patience}")
+    if not (math.isfinite(es.min_delta) and es.min_delta >= 0):
+        raise ConfigError(f"early_stopping.min_delta must be a finite number >= 0, got {es.min_delta}")
+    validates = has_eval_split(config.data)
+    for key, on in (("validation.bleu", v.bleu), ("early_stopping.patience", es.patience > 0)):
+        if on and not validates:
+            raise ConfigError(
+                f"{key} needs a validation split, but data.eval_split={config.data.eval_split!r}"
+            )
+    if best != "nll" and not v.bleu:
+        raise ConfigError(f"checkpoint.best_metric={best!r} needs validation.bleu=True (it is scored there)")
+    if v.beam_size < 1:
+        raise ConfigError(f"validation.beam_size must be >= 1 (1: greedy), got {v.beam_size}")
+    for key in ("alpha", "beta", "max_length_ratio"):
+        if not (math.isfinite(v[key]) and v[key] >= 0):
+            raise ConfigError(f"validation.{key} must be a finite number >= 0, got {v[key]}")
+    for key in ("batch_size", "max_length_offset"):
+        if v[key] < 0:
+            raise ConfigError(f"validation.{key} must be >= 0, got {v[key]}")
+    if v.max_length_ratio == 0 and v.max_length_offset == 0 and not config.data.max_target_length:
+        raise ConfigError("validation.max_length_ratio=0 with validation.max_length_offset=0 leaves no room")
+    if v.beta > 0 and config.model.arch == "rnnenc":
+        raise ConfigError(f"validation.beta={v.beta} needs attention, which model.arch='rnnenc' has not")
+    from attn_jax.eval import DETOKENIZERS
+
+    if v.detokenize not in DETOKENIZERS:
+        raise ConfigError(
+            f"validation.detokenize must be one of {', '.join(DETOKENIZERS)}; got {v.detokenize!r}"
+        )
+    lang = v.detokenize_lang
+    if not (lang.isascii() and lang.isalpha() and lang.islower() and 2 <= len(lang) <= 3):
+        raise ConfigError(
+            f"validation.detokenize_lang must be a Moses language code such as en or de, got {lang!r}"
+        )
+    if v.bleu_tokenize and v.bleu:
+        from sacrebleu.metrics import BLEU
+
+        if v.bleu_tokenize not in BLEU.TOKENIZERS:
+            raise ConfigError(
+                f'validation.bleu_tokenize must be a sacreBLEU tokeniser ({", ".join(BLEU.TOKENIZERS)}) or "", '
+                f"got {v.bleu_tokenize!r}"
+            )
+
+
+def _check_joint_vocab(config: ml_collections.ConfigDict) -> None:
+    """``data.joint_vocab``: one size for the one vocabulary; ``share_embeddings=all`` needs it."""
+    d = config.data
+    if d.joint_vocab and d.src_vocab_size != d.tgt_vocab_size:
+        raise ConfigError(
+            f"data.joint_vocab=True learns one vocabulary of data.src_vocab_size={d.src_vocab_size} entries, but "
+            f"data.tgt_vocab_size={d.tgt_vocab_size}; set them equal"
+        )
+    if config.model.get("share_embeddings") == "all" and not d.joint_vocab:
+        raise ConfigError(
+            "model.share_embeddings=all ties the source and target embeddings, so it needs one joint "
+            "vocabulary: set data.joint_vocab=True"
+        )
 
 
 def _check_alignment(config: ml_collections.ConfigDict) -> None:
@@ -716,7 +829,8 @@ def _check_parallel(config: ml_collections.ConfigDict) -> None:
             f"parallel.{' and parallel.'.join(inferred)} are both 0 (inferred); give all but one of them"
         )
     if "data" in used and p.data > 0:
-        for key in ("batch_size", "eval_batch_size"):
+        # Token batches round their rows down to a multiple of the data axis (batch_configs).
+        for key in ("eval_batch_size",) if config.data.batch_tokens else ("batch_size", "eval_batch_size"):
             if config.data[key] % p.data:
                 raise ConfigError(
                     f"data.{key}={config.data[key]} must be a multiple of parallel.data={p.data}"
@@ -780,4 +894,6 @@ def smoke_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict
     d.update(
         max_source_length=14, max_target_length=14, batch_size=16, eval_batch_size=16, bucket_boundaries=(16,)
     )
+    if d.get("batch_tokens", 0):
+        d.batch_tokens = 16 * 16  # token batches stay token batches, of the sentence smoke's one shape
     return c

@@ -23,12 +23,13 @@ import ml_collections
 import numpy as np
 
 from attn_jax import data
-from attn_jax.train._config import batch_configs, has_eval_split, synthetic_spec
+from attn_jax.train._config import ConfigError, batch_configs, has_eval_split, synthetic_spec
 
 __all__ = [
     "Inputs",
     "SplitReport",
     "data_state",
+    "describe_batches",
     "describe_split",
     "load_corpus",
     "make_inputs",
@@ -234,35 +235,88 @@ def _train_sentencepiece(
     """One SentencePiece model per language (``data.sentencepiece_type``) of ``data.src_vocab_size`` /
     ``tgt_vocab_size`` pieces plus the four specials, trained on the kept training pairs; and the start-up line
     saying how many pieces each got (fewer than asked when the corpus supports no more) and, past
-    :data:`SENTENCEPIECE_MAX_SENTENCES` pairs, that only the first ones trained them."""
-    sizes = (d.src_vocab_size + 4, d.tgt_vocab_size + 4)
-    vocabs = []
-    for side, key, text, size in (("source", "src", sources, sizes[0]), ("target", "tgt", targets, sizes[1])):
+    :data:`SENTENCEPIECE_MAX_SENTENCES` pairs, that only the first ones trained them. With ``data.joint_vocab``
+    one model of ``data.src_vocab_size`` pieces trains on the first sentences of both sides and serves both."""
+    cap = SENTENCEPIECE_MAX_SENTENCES
+    joint = bool(d.get("joint_vocab", False))
+    sides = (
+        [("joint", "src", sources[:cap] + targets[:cap], d.src_vocab_size + 4)]
+        if joint
+        else [
+            ("source", "src", sources, d.src_vocab_size + 4),
+            ("target", "tgt", targets, d.tgt_vocab_size + 4),
+        ]
+    )
+    vocabs, got = [], []
+    for side, key, text, size in sides:
         try:
-            vocabs.append(
-                data.SentencePieceVocabulary.train(
-                    text, size, model_type=d.sentencepiece_type, max_sentences=SENTENCEPIECE_MAX_SENTENCES
-                )
+            vocab = data.SentencePieceVocabulary.train(
+                text, size, model_type=d.sentencepiece_type, max_sentences=len(text) if joint else cap
             )
         except (ValueError, RuntimeError) as e:  # SentencePiece's own refusal, as one line naming our key
             raise data.CorpusError(
                 f"cannot train the {side} SentencePiece {d.sentencepiece_type} model of {size:,} pieces "
                 f"(data.{key}_vocab_size={size - 4:,} plus 4 specials): {' '.join(str(e).split())}"
             ) from None
-    src, tgt = vocabs
-    got = []
-    for side, vocab, asked in (("source", src, sizes[0]), ("target", tgt, sizes[1])):
-        fewer = f" (of {asked:,} asked: the corpus supports no more)" if vocab.size < asked else ""
+        vocabs.append(vocab)
+        fewer = f" (of {size:,} asked: the corpus supports no more)" if vocab.size < size else ""
         got.append(f"{side} {vocab.size:,} pieces{fewer}")
-    first = (
-        f"the first {SENTENCEPIECE_MAX_SENTENCES:,} of " if len(sources) > SENTENCEPIECE_MAX_SENTENCES else ""
+    first = f"the first {cap:,} of " if len(sources) > cap else ""
+    what = (
+        f"one joint SentencePiece {d.sentencepiece_type} vocabulary (data.joint_vocab) trained on the sources and "
+        "targets of"
+        if joint
+        else f"SentencePiece {d.sentencepiece_type} vocabularies trained on"
     )
     line = (
-        f"data: SentencePiece {d.sentencepiece_type} vocabularies trained on {first}the {len(sources):,} training "
-        f"pairs of at most {d.max_source_length} source and {d.max_target_length} target words: {', '.join(got)}, "
-        "the four specials included"
+        f"data: {what} {first}the {len(sources):,} training pairs of at most {d.max_source_length} source and "
+        f"{d.max_target_length} target words: {', '.join(got)}, the four specials included"
     )
+    src, tgt = (vocabs[0], vocabs[0]) if joint else vocabs
     return src, tgt, line
+
+
+def _joint_words(d: ml_collections.ConfigDict, sources: list[str], targets: list[str]):
+    """``data.joint_vocab`` with word vocabularies: the ``data.src_vocab_size`` most frequent words of both
+    sides together, and the start-up line saying how many word types there were."""
+    every = data.WordVocabulary.build([*sources, *targets])
+    vocab = data.WordVocabulary(every.tokens[: 4 + d.src_vocab_size])
+    line = (
+        f"data: one joint word vocabulary (data.joint_vocab) over the sources and targets of the {len(sources):,} "
+        f"kept training pairs: the {vocab.size - 4:,} most frequent of {every.size - 4:,} word types "
+        "(data.src_vocab_size), plus the four specials"
+    )
+    return vocab, line
+
+
+def describe_batches(config: ml_collections.ConfigDict, stats: list[data.BucketStats]) -> list[str]:
+    """The start-up lines of token batches: per bucket, sentences a batch and real / padded tokens."""
+    d = config.data
+    lines = [
+        f"data: token batches (data.batch_tokens={d.batch_tokens:,}): rows × padded length <= "
+        f"{d.batch_tokens:,} in every bucket (source and target share the padded length); per bucket, over "
+        "epoch 0 (real tokens count </s>):"
+    ]
+    for b in stats:
+        padded = b.batches * b.rows * b.length
+        rounded = (
+            f", the budget's {b.budget_rows} rows rounded down to a multiple of the data axis"
+            if b.budget_rows != b.rows
+            else ""
+        )
+        lines.append(
+            f"data:   length {b.length}: {b.rows} rows a batch ({b.rows * b.length:,} padded tokens{rounded}), "
+            f"{b.batches:,} batches, {b.pairs / b.batches:,.1f} sentences and {b.src_tokens / b.batches:,.0f} "
+            f"source / {b.tgt_tokens / b.batches:,.0f} target real tokens a batch ({b.src_tokens / padded:.1%} / "
+            f"{b.tgt_tokens / padded:.1%} of padded)"
+        )
+    padded = sum(b.batches * b.rows * b.length for b in stats)
+    src, tgt = sum(b.src_tokens for b in stats), sum(b.tgt_tokens for b in stats)
+    lines.append(
+        f"data:   in all: {sum(b.batches for b in stats):,} batches of {sum(b.pairs for b in stats):,} sentences, "
+        f"{src:,} source / {tgt:,} target real tokens of {padded:,} padded ({src / padded:.1%} / {tgt / padded:.1%})"
+    )
+    return lines
 
 
 class Inputs(NamedTuple):
@@ -279,9 +333,12 @@ class Inputs(NamedTuple):
     validation_dropped: int = 0
     train_report: SplitReport | None = None  # every pair read, kept or dropped and why
     validation_report: SplitReport | None = None  # None: no validation split (data.eval_split=none)
-    vocab_line: str = ""  # how SentencePiece vocabularies were trained ("": word vocabularies, or reloaded)
+    vocab_line: str = ""  # how the vocabularies were learnt ("": one word list per language, or reloaded)
     pack_line: str = ""  # data.pack: how the training pairs were packed ("": not packed)
     copy_line: str = ""  # model.copy: target words outside the vocabulary, learnt as copies or left <unk>
+    batch_stats: tuple[data.BucketStats, ...] = ()  # data.batch_tokens: what each bucket's batches hold
+    # The validation pairs the length filter keeps, as text (sources, references): what validation translates.
+    validation_text: tuple[list[str], list[str]] = ([], [])
 
 
 def make_inputs(
@@ -292,6 +349,7 @@ def make_inputs(
     process_index: int = 0,
     process_count: int = 1,
     save_vocab: bool = True,
+    data_axis: int = 1,
 ) -> Inputs:
     """Read the corpus, build (or, with ``reuse_vocab``, reload) the vocabularies in ``vocab_dir``, and batch.
 
@@ -309,7 +367,9 @@ def make_inputs(
     ``validation_report`` None). Validation batches carry gold alignments when the corpus has them and the
     vocabularies are word-level (the built-in corpus). Training and validation batches hold block
     ``process_index`` of ``process_count`` of every global batch's rows; only one process of a multi-process
-    run should ``save_vocab``.
+    run should ``save_vocab``. With ``data.batch_tokens`` the rows of a training batch are rounded down to a
+    multiple of ``data_axis`` (the mesh's data axis), and :attr:`Inputs.batch_stats` says what the batches hold.
+    With ``data.joint_vocab`` one vocabulary is learnt over both sides and serves as both (saved twice).
     """
     d = config.data
     train_split = resolve_corpus_split(d, d.train_split, choose="data.train_split")
@@ -319,7 +379,7 @@ def make_inputs(
     )
     if eval_split is not None:
         eval_corpus, eval_beyond = _read_split(d, eval_split, d.max_eval_examples)
-    train_cfg, eval_cfg = batch_configs(config)
+    train_cfg, eval_cfg = batch_configs(config, data_axis)
     vocab_line = ""
     if reuse_vocab and os.path.isdir(vocab_dir):
         src_vocab, tgt_vocab = data.load_vocabularies(vocab_dir)
@@ -335,6 +395,9 @@ def make_inputs(
         targets = [train_corpus.targets[i] for i in kept]
         if d.vocab == "sentencepiece":
             src_vocab, tgt_vocab, vocab_line = _train_sentencepiece(d, sources, targets)
+        elif d.get("joint_vocab", False):
+            src_vocab, vocab_line = _joint_words(d, sources, targets)
+            tgt_vocab = src_vocab
         else:
             src_vocab = data.WordVocabulary.build(sources, max_size=d.src_vocab_size)
             tgt_vocab = data.WordVocabulary.build(targets, max_size=d.tgt_vocab_size)
@@ -349,9 +412,17 @@ def make_inputs(
             "this corpus has none (give a plain or tsv corpus data.alignment_path, a Pharaoh file per {split})"
         )
     shard = dict(process_index=process_index, process_count=process_count)
-    train_it = data.make_batch_iterator(
-        train_encoded, train_cfg, prefetch=d.prefetch, with_gold=guided, pack=d.pack, **shard
-    )
+    try:
+        train_it = data.make_batch_iterator(
+            train_encoded, train_cfg, prefetch=d.prefetch, with_gold=guided, pack=d.pack, **shard
+        )
+    except ValueError as e:
+        if not train_cfg.tokens_per_batch:
+            raise
+        raise ConfigError(
+            f"data.batch_tokens={d.batch_tokens}: {e} (the batch multiple is the data axis)"
+        ) from None
+    batch_stats = tuple(train_it.plan.bucket_stats(train_encoded)) if train_cfg.tokens_per_batch else ()
     copy_line = ""
     if copy:  # never silent: how many unknown target words became copy labels, how many stay <unk>
         unknown = int(np.sum(train_encoded.tgt_tokens == data.UNK_ID))
@@ -374,7 +445,7 @@ def make_inputs(
     train_report = _split_report(
         train_split, d.train_split, train_corpus, train_encoded, train_cfg, train_beyond
     )
-    validation, validation_report, validation_dropped = [], None, 0
+    validation, validation_report, validation_dropped, validation_text = [], None, 0, ([], [])
     if eval_split is not None:
         eval_encoded = data.encode_corpus(eval_corpus, src_vocab, tgt_vocab, copy=copy)
         eval_it = data.make_batch_iterator(
@@ -384,6 +455,8 @@ def make_inputs(
         validation_report = _split_report(
             eval_split, d.eval_split, eval_corpus, eval_encoded, eval_cfg, eval_beyond
         )
+        kept = np.flatnonzero(eval_cfg.keeps(eval_encoded.src_lengths, eval_encoded.tgt_lengths))
+        validation_text = ([eval_corpus.sources[i] for i in kept], [eval_corpus.targets[i] for i in kept])
     schedule = json.dumps(
         [train_encoded.fingerprint(), dataclasses.asdict(train_cfg), *(["packed"] if d.pack else [])],
         sort_keys=True,
@@ -403,6 +476,8 @@ def make_inputs(
         vocab_line=vocab_line,
         pack_line=pack_line,
         copy_line=copy_line,
+        batch_stats=batch_stats,
+        validation_text=validation_text,
     )
 
 

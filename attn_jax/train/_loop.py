@@ -4,11 +4,20 @@ One loop for every experiment (an experiment is a config). Per update: one jitte
 next batch (with ``optimizer.accumulate = k``: the gradient sums of the next k batches, then one update:
 :func:`attn_jax.train.accumulated_train_step`); every ``log_every`` updates a train record (token-level loss,
 perplexity, per-sentence NLL, gradient norm, learning rate, tokens/s); every ``eval_every`` a pass over the
-validation batches (loss, perplexity, attention diagnostics), with the moving average of the weights when
-``optimizer.ema_decay > 0``; every ``checkpoint_every`` an orbax checkpoint (train state, iterator position,
-config); validation and a checkpoint also at the last step.
+validation batches (loss, perplexity, attention diagnostics) and, with ``validation.bleu``, a translation of the
+validation split scored with BLEU and chrF (:mod:`attn_jax.train._validation`), both with the moving average of
+the weights when ``optimizer.ema_decay > 0``; every ``checkpoint_every`` an orbax checkpoint (train state,
+iterator position, config); validation and a checkpoint also at the last step.
+
+The best checkpoint is the best by ``checkpoint.best_metric`` (``nll``, ``bleu`` or ``chrf``).
+``early_stopping.patience = N`` stops the run after N validations without improvement of that metric by more
+than ``early_stopping.min_delta`` (:mod:`attn_jax.train._early_stopping`): it saves a checkpoint at that step,
+logs one line naming the best step, and :attr:`TrainResult.stopped_early` is True. The count is saved in every
+checkpoint, so a resumed run stops where the uninterrupted one would; a stopped run resumed has nothing to do
+(raise the patience to go on).
 
 ``workdir`` layout: ``checkpoints/<step>/``, ``vocab/{source,target}/``, ``metrics.jsonl``,
+``validation/{sources,references,hypotheses-<step>}.txt`` (with ``validation.bleu``),
 ``tensorboard/{train,validation}/``, ``config.json``, ``data.json`` (each split's pairs read, kept, and dropped by
 reason: :class:`attn_jax.train.SplitReport`; the start-up log says the same in one line per split).
 
@@ -23,7 +32,9 @@ changes is where things live. The mesh (``parallel.data × model × stage``) spa
 ``out_shardings``), the step is :func:`attn_jax.train.make_sharded_train_step`, and every process reads only its
 block of rows of each global batch and contributes it to the global ``jax.Array`` with
 ``jax.make_array_from_process_local_data``. Validation is the eval step jitted with the same shardings; its sums
-are replicated, so every process computes the same metrics. Everything runs under ``jax.set_mesh(mesh)`` (GNMT's
+are replicated, so every process computes the same metrics. Validation by translation gathers the parameters
+to every process, and each decodes the whole split on its first device (the same hypotheses everywhere).
+Everything runs under ``jax.set_mesh(mesh)`` (GNMT's
 pipeline reads the ambient mesh). Process 0 alone writes ``metrics.jsonl``, TensorBoard, ``config.json``, the
 vocabularies and the terminal output; checkpoints are written by all processes together (orbax writes each
 array's shards from the process that holds them and commits the step once all are written), so ``workdir`` must
@@ -64,6 +75,7 @@ from attn_jax.data import Batch
 from attn_jax.parallel import batch_sharding, make_mesh, replicated, rules_for
 from attn_jax.train._checkpoint import CheckpointManager, CheckpointUnreadable, Restored, _describe
 from attn_jax.train._config import (
+    BEST_METRICS,
     MESH_KEYS,
     ConfigError,
     check_config,
@@ -74,7 +86,14 @@ from attn_jax.train._config import (
     parallel_axes,
 )
 from attn_jax.train._diagnostics import summarize_attention
-from attn_jax.train._inputs import data_state, describe_split, make_inputs, restore_data_state
+from attn_jax.train._early_stopping import EarlyStopping, early_stopping_update
+from attn_jax.train._inputs import (
+    data_state,
+    describe_batches,
+    describe_split,
+    make_inputs,
+    restore_data_state,
+)
 from attn_jax.train._metrics import MetricsLogger, format_duration
 from attn_jax.train._sharded import (
     abstract_sharded_state,
@@ -94,6 +113,7 @@ from attn_jax.train._step import (
     param_count,
     train_step,
 )
+from attn_jax.train._validation import TranslationValidator, host_params, write_lines
 
 __all__ = ["TrainResult", "TrainingDiverged", "WorkdirError", "evaluate", "train_and_evaluate"]
 
@@ -138,9 +158,13 @@ class TrainResult(NamedTuple):
       state: the final :class:`TrainState`.
       train: the last train record (as in ``metrics.jsonl``), or None if no update ran.
       validation: the last validation record, or None.
-      best_step: the kept checkpoint with the lowest validation NLL per token; the latest without a validation
-        split (None without checkpoints).
+      best_step: the kept checkpoint best by ``checkpoint.best_metric`` (lowest validation NLL per token, or
+        highest BLEU or chrF); the latest without a validation split (None without checkpoints).
       checkpoint_dir: where the checkpoints are.
+      stopped_early: True when early stopping ended the run before ``num_train_steps`` (now or, for a resumed
+        run, in the run it resumes).
+      early_stopping: where early stopping stands: the best value of the best metric, its step and the
+        validations since (None without validation).
     """
 
     step: int
@@ -149,6 +173,8 @@ class TrainResult(NamedTuple):
     validation: dict | None
     best_step: int | None
     checkpoint_dir: str
+    stopped_early: bool = False
+    early_stopping: EarlyStopping | None = None
 
 
 def _attention_label(m) -> str:
@@ -305,6 +331,11 @@ def _validation_line(step: int, v: dict) -> str:
             line += f", gold hit {v['attn_gold_hit']:.3f}"
     if "align_loss" in v:
         line += f" | align {v['align_loss']:.4f}"
+    if "bleu" in v:
+        line += (
+            f" | BLEU {v['bleu']:.2f} | chrF {v['chrf']:.2f} ({v['translations']} translations, "
+            f"{v['stopped_at_limit']} stopped at the length limit)"
+        )
     return line
 
 
@@ -378,6 +409,7 @@ class _OneDevice:
     """``parallel.strategy=none``: state and steps on the first local device, batches as NumPy arrays."""
 
     rows = (0, 1)  # this process's block of every global batch: (index, count)
+    data_axis = 1  # token batches round their rows down to a multiple of this
     context = contextlib.nullcontext
     description = None
 
@@ -417,6 +449,9 @@ class _OneDevice:
     def all_finite(self, params: dict) -> bool:
         return bool(all_finite(params))
 
+    def decode_params(self, params: dict) -> dict:
+        return params
+
 
 def _mesh_shape(config: ml_collections.ConfigDict, num_devices: int, processes: int) -> dict[str, int]:
     """``{"data", "model", "stage"}`` sizes from ``config.parallel`` (0: inferred) for ``num_devices`` devices."""
@@ -440,7 +475,10 @@ def _mesh_shape(config: ml_collections.ConfigDict, num_devices: int, processes: 
             f"{shape} needs {total} devices, but there are {num_devices}"
             + (f" in {processes} processes (a multi-process run must use them all)" if processes > 1 else "")
         )
-    for key in ("batch_size", "eval_batch_size"):
+    # Token batches round their rows down to a multiple of the data axis instead (make_inputs' data_axis).
+    for key in (
+        ("eval_batch_size",) if config.data.get("batch_tokens", 0) else ("batch_size", "eval_batch_size")
+    ):
         if config.data[key] % sizes["data"]:
             raise ConfigError(
                 f"data.{key}={config.data[key]} must be a multiple of the data axis (parallel.data={sizes['data']})"
@@ -474,6 +512,7 @@ class _Mesh:
         devices = jax.devices()
         sizes = _mesh_shape(config, len(devices), jax.process_count())
         self.mesh = make_mesh(**sizes, devices=devices[: math.prod(sizes.values())])
+        self.data_axis = sizes["data"]
         self.rules, self.strict = rules_for(config.parallel.strategy), config.parallel.strict_sharding
         self.batch_sharding = batch_sharding(self.mesh, self.rules)
         self.rows = _process_rows(self.batch_sharding)
@@ -544,6 +583,9 @@ class _Mesh:
     def all_finite(self, params: dict) -> bool:
         return bool(self._finite(params))
 
+    def decode_params(self, params: dict) -> dict:
+        return host_params(params)  # every process decodes the whole split on its own first device
+
 
 def train_and_evaluate(
     config: ml_collections.ConfigDict,
@@ -588,6 +630,7 @@ def train_and_evaluate(
         os.path.join(workdir, "checkpoints"),
         keep=config.keep_checkpoints,
         keep_best=config.keep_best and has_eval_split(config.data),  # nothing ranks them without validation
+        best_metric=config.checkpoint.best_metric,
         async_save=config.async_checkpoints,
     )
     total = config.num_train_steps
@@ -614,6 +657,7 @@ def train_and_evaluate(
             process_index=place.rows[0],
             process_count=place.rows[1],
             save_vocab=lead,
+            data_axis=place.data_axis,
         )
         step_cfg = StepConfig(
             model=model_config(config, inputs.src_vocab.size, inputs.tgt_vocab.size),
@@ -678,6 +722,8 @@ def _data_lines(config: ml_collections.ConfigDict, inputs) -> list[str]:
         lines.insert(0, inputs.vocab_line)
     if inputs.pack_line:
         lines.append(inputs.pack_line)
+    if inputs.batch_stats:
+        lines.extend(describe_batches(config, inputs.batch_stats))
     if inputs.copy_line:
         lines.append(inputs.copy_line)
     v = inputs.validation_report
@@ -717,6 +763,8 @@ def _write_data_report(workdir: str, inputs) -> None:
     report = {}
     for role, r in (("train", inputs.train_report), ("validation", inputs.validation_report)):
         report[role] = None if r is None else {**r._asdict(), "read": r.read, "dropped": r.dropped}
+    if inputs.batch_stats:  # data.batch_tokens: what each bucket's batches hold over epoch 0
+        report["train_batches"] = [b._asdict() for b in inputs.batch_stats]
     with open(os.path.join(workdir, "data.json"), "w", encoding="utf-8") as f:
         json.dump(report, f, indent=2, sort_keys=True)
 
@@ -728,12 +776,39 @@ def _train(config, config_dict, place, inputs, ckpt, logger, latest) -> TrainRes
     if latest is None or isinstance(place, _OneDevice):  # the single-device path keeps today's exact steps
         state = place.init_state(config.seed)
     start = 0
+    validating = inputs.validation_report is not None
+    best_metric, patience = config.checkpoint.best_metric, config.early_stopping.patience
+    stopping = EarlyStopping(best_metric)
+    validation_dir = os.path.join(os.path.dirname(ckpt.directory), "validation")
+    validator = None
+    if validating and config.validation.bleu:
+        validator = _validator(config, inputs, step_cfg, validation_dir, logger)
+    if validating and (patience or best_metric != "nll"):
+        es = config.early_stopping
+        logger.log(
+            f"checkpoints: the best is the best by validation {best_metric} (checkpoint.best_metric); "
+            + (
+                f"early stopping after {patience} validations without improvement"
+                + (f" by more than {es.min_delta:g}" if es.min_delta else "")
+                + " (early_stopping.patience)"
+                if patience
+                else "no early stopping (early_stopping.patience=0)"
+            )
+        )
     if latest is not None:
         restored = _restore_newest_readable(ckpt, place.restore_target(state), logger)
         latest = restored.step
         state = place.place(restored.state)
+        data = dict(restored.data)
+        saved = data.pop("early_stopping", None)
+        stopping = EarlyStopping.from_json(saved, best_metric) or stopping
+        if saved is not None and stopping.best is None and saved.get("best") is not None:
+            logger.log(
+                f"note: early stopping followed {saved.get('metric')} before, checkpoint.best_metric is "
+                f"{best_metric} now: its count starts afresh"
+            )
         try:
-            restore_data_state(inputs, restored.data)
+            restore_data_state(inputs, data)
         except ValueError as e:
             raise ConfigError(f"cannot resume: the data or batching config changed ({e})") from None
         changed = _config_diff(restored.config, config_dict)
@@ -747,6 +822,9 @@ def _train(config, config_dict, place, inputs, ckpt, logger, latest) -> TrainRes
                 f"note: checkpoint {latest} holds no moving average of the weights: it starts from the "
                 f"parameters of step {start} (optimizer.ema_decay={step_cfg.optimizer.ema_decay})"
             )
+        if patience and stopping.bad >= patience:
+            logger.log(f"nothing to do: {_stop_line(stopping, config, start)}")
+            return TrainResult(start, state, None, None, ckpt.best_step(), ckpt.directory, True, stopping)
     logger.truncate_after(start)
 
     step, window, accumulate = start, _Window(), step_cfg.optimizer.accumulate
@@ -797,29 +875,43 @@ def _train(config, config_dict, place, inputs, ckpt, logger, latest) -> TrainRes
             )
             window.reset()
 
-        val, tic = None, time.monotonic()
-        if inputs.validation_report is not None and (step % config.eval_every == 0 or step == total):
+        val, tic, stop = None, time.monotonic(), False
+        if validating and (step % config.eval_every == 0 or step == total):
             batches = (place.batch(b) for b in inputs.validation)
             ema = state.ema_params is not None  # validation measures the moving average when there is one
-            val = evaluate(state.ema_params if ema else state.params, batches, step_cfg, step=place.eval_step)
+            weights = state.ema_params if ema else state.params
+            val = evaluate(weights, batches, step_cfg, step=place.eval_step)
+            if validator is not None:
+                params = place.decode_params(weights)
+                val.update(_translate_validation(validator, params, step, validation_dir, logger))
             logger.write("validation", step, val)
             logger.log(_validation_line(step, val) + (" | EMA weights" if ema else ""))
             last_val = val
-        if step % config.checkpoint_every == 0 or step == total:
+            stopping = early_stopping_update(
+                stopping, val[BEST_METRICS[best_metric][0]], step, min_delta=config.early_stopping.min_delta
+            )
+            stop = patience > 0 and stopping.bad >= patience and step < total
+        if step % config.checkpoint_every == 0 or step == total or stop:
             if not place.all_finite(state.params):
                 raise _diverged("non-finite parameters", step, ckpt)
-            metrics_for_best = None if val is None else {"nll_per_token": val["nll_per_token"]}
+            metrics_for_best = None
+            if val is not None:
+                metrics_for_best = {k: val[k] for k in ("nll_per_token", "bleu", "chrf") if k in val}
             position = data_state(inputs)
             if jax.process_count() > 1:  # every process consumed the same global batches (lockstep updates)
                 multihost_utils.assert_equal(position["next_index"], "iterator positions differ")
+            position["early_stopping"] = stopping.to_json()
             ckpt.save(step, state, position, config_dict, metrics=metrics_for_best)
         overhead_s += time.monotonic() - tic
+        if stop:
+            logger.log(_stop_line(stopping, config, step))
+            break
     ckpt.wait()
-    if inputs.validation_report is None:  # nothing ranks the checkpoints: the latest stands for the best
+    if not validating:  # nothing ranks the checkpoints: the latest stands for the best
         best, best_label = ckpt.latest_step(), "the latest, no validation"
     else:
         best = ckpt.best_step()
-        best_label = str(best)
+        best_label = f"{best}, by validation {best_metric}"
     if step > start:
         logger.log(
             f"done: step {step} in {format_duration(time.monotonic() - run_start)}; checkpoints "
@@ -827,4 +919,57 @@ def _train(config, config_dict, place, inputs, ckpt, logger, latest) -> TrainRes
         )
     else:
         logger.log(f"nothing to do: the run is already at step {step} of {total}")
-    return TrainResult(step, state, last_train, last_val, best, ckpt.directory)
+    return TrainResult(
+        step,
+        state,
+        last_train,
+        last_val,
+        best,
+        ckpt.directory,
+        step < total,
+        stopping if validating else None,
+    )
+
+
+def _validator(config, inputs, step_cfg, directory: str, logger) -> TranslationValidator:
+    """The validation translator, its start-up line and BLEU warning (if any); ``sources.txt`` and
+    ``references.txt`` in ``directory``."""
+    sources, references = inputs.validation_text
+    validator = TranslationValidator(
+        config, sources, references, inputs.src_vocab, inputs.tgt_vocab, step_cfg.model
+    )
+    logger.log(validator.describe())
+    if validator.options["warning"]:
+        logger.log(f"warning: {validator.options['warning']}")
+    if jax.process_index() == 0:
+        os.makedirs(directory, exist_ok=True)
+        write_lines(os.path.join(directory, "references.txt"), references)
+        write_lines(os.path.join(directory, "sources.txt"), sources)
+    return validator
+
+
+def _translate_validation(validator, params, step: int, directory: str, logger) -> dict:
+    """Translate and score the validation split; write ``hypotheses-<step>.txt`` in ``directory``."""
+    tic = time.monotonic()
+    first = validator.signatures is None
+    scores = validator(params)
+    if jax.process_index() == 0:
+        write_lines(os.path.join(directory, f"hypotheses-{step}.txt"), scores.hypotheses)
+    if first and validator.signatures is not None:
+        logger.log(
+            f"validation: BLEU signature {validator.signatures[0]}; chrF signature {validator.signatures[1]} "
+            f"(translated and scored in {time.monotonic() - tic:.1f}s)"
+        )
+    return scores.record
+
+
+def _stop_line(stopping: EarlyStopping, config, step: int) -> str:
+    """The line that says why the run stopped early and where its best validation was."""
+    es = config.early_stopping
+    better = "lower" if not BEST_METRICS[stopping.metric][1] else "higher"
+    by = f" by more than {es.min_delta:g}" if es.min_delta else ""
+    return (
+        f"early stopping at step {step} of {config.num_train_steps}: validation {stopping.metric} has not "
+        f"improved ({better} is better){by} in {stopping.bad} validations (early_stopping.patience="
+        f"{es.patience}); the best, {stopping.best:.4f}, was at step {stopping.best_step}"
+    )

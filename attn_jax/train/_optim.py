@@ -64,9 +64,7 @@ class OptimizerConfig:
     decay_steps: int = 0
     decay_start: int = 0
     final_lr_fraction: float = 0.0
-    # Micro-batches summed into one update (gradient accumulation); 1: every batch is an update.
     accumulate: int = 1
-    # Decay of the moving average of the weights kept for validation and translation; 0.0: none.
     ema_decay: float = 0.0
 
     def __post_init__(self):

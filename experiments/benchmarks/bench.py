@@ -87,7 +87,7 @@ class Sizes:
     train_batch: int
     train_length: int  # S == T
     train_steps: int
-    # row 4's second size (vocabulary, m, n, l, A, batch, length, timed steps): the issue's paper-like RNNsearch;
+    # row 4's second size (vocabulary, m, n, l, A, batch, length, timed steps): a paper-like RNNsearch;
     # None skips it (--quick)
     paper_train: tuple[int, int, int, int, int, int, int, int] | None
     # row 5
@@ -166,14 +166,14 @@ QUICK = Sizes(
 
 # Targets (README.md says where each comes from).
 DPA_RATIO_MAX = 1.05
-DPA_TORCH_RATIO_MAX = 1.2  # issue 16: CPU attention within 1.2x of torch SDPA (aim 1.0)
+DPA_TORCH_RATIO_MAX = 1.2  # CPU attention within 1.2x of torch SDPA (aim 1.0)
 CHUNKED_MEMORY_FRACTION = 0.1
 CHUNKED_REL_ERR_MAX = 1e-5
 CHUNKED_TIME_RATIO_MAX = 1.5
 FUSED_MEMORY_FRACTION = 0.25
 FUSED_TIME_RATIO_MAX = 1.2
-TRAIN_SPEEDUP_MIN = 1.2  # issue 16 item 3: >= 1.2x the fused-GRU PyTorch peer (aim 1.5x)
-BEAM_SPEEDUP_MIN = 1.5  # issue 16: beam search at >= 1.5x a PyTorch batched beam search (aim 2x)
+TRAIN_SPEEDUP_MIN = 1.2  # >= 1.2x the fused-GRU PyTorch peer (aim 1.5x)
+BEAM_SPEEDUP_MIN = 1.5  # beam search at >= 1.5x a PyTorch batched beam search (aim 2x)
 
 # Rows 4-6: Adam as in the paper's successors, with the paper's gradient-norm clipping at 1.
 LEARNING_RATE = 1e-3
@@ -395,7 +395,7 @@ def row_dot_product(ctx: Ctx) -> Section:
         "by round (`measure_interleaved`), so that the machine's noise hits every side of a ratio alike (attn_jax "
         "uses every usable core). Targets: attn_jax default / jax.nn ≤ "
         f"{DPA_RATIO_MAX}; attn_jax default / torch SDPA ≤ {DPA_TORCH_RATIO_MAX} against each thread count "
-        "(issue 16; aim ≤ 1.0).",
+        "(aim ≤ 1.0).",
     )
     tnames = [f"torch {n}" if n else "torch" for n in threads]
     header = ["dtype", "L", "pass", "attn_jax default (path)", "jax.nn"]
@@ -484,7 +484,7 @@ def _ratio_to_default(times: dict[str, float], other: str) -> float | None:
 
 
 def _torch_thread_counts(ctx: Ctx) -> list[int]:
-    """PyTorch thread counts a CPU row compares against: 1 and every usable core (issue 16: 1 and 2)."""
+    """PyTorch thread counts a CPU row compares against: 1 and every usable core."""
     usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     return sorted({1, usable})
 
@@ -584,7 +584,7 @@ def _rss_table(ctx: Ctx, sec: Section, h: int, d: int) -> dict[tuple[int, str, s
     """Peak RSS growth of one executed call (fresh subprocess each), beside XLA's compile-time estimate.
 
     The compiled memory analysis does not see buffers that XLA's CPU runtime allocates inside a library fusion
-    (issue 16 found a plain forward at L=4096 growing the process by 576 MiB while the analysis said 32 MiB),
+    (a plain forward at L=4096 can grow the process by 576 MiB while the analysis says 32 MiB),
     so what a user's process needs is measured here: the peak resident size during the call (``VmHWM``, reset
     just before it through ``/proc/self/clear_refs``) minus the resident size just before it (after compilation and the inputs). A peak reached during compilation and not exceeded by the call
     would read as ≤ 0 and is shown as "< compile peak".

@@ -1,4 +1,4 @@
-"""Write the small English-French corpus of the README's "Train on your own corpus" section (self-written).
+"""Write the small English-French corpus of docs/own-corpus.md (self-written).
 
     python tests/data/own_corpus/make_corpus.py      # rewrites {train,valid,test}.{en,fr} beside this file
 
