@@ -246,3 +246,44 @@ def test_cli_multi_process_flag_errors_are_one_line(no_launcher, tmp_path, capsy
     err = capsys.readouterr().err
     assert status == 2 and err.count("\n") == 1 and "Traceback" not in err
     assert err.startswith("attn-jax train: error: a multi-process run needs coordinator (--coordinator)")
+
+
+@pytest.mark.slow
+@pytest.mark.heavy  # 3 trainer processes, each compiling its steps: minutes of CPU; `make test-all` runs it
+def test_two_processes_read_their_share_of_prepared_data_like_one_in_memory(tmp_path):
+    """The first process prepares the training split on disk (data.prepared_dir); both read their rows of it."""
+    words = "a b c d e f g h i j".split()
+    pairs = [
+        (
+            " ".join(words[(3 * k + i) % 10] for i in range(2 + k % 7)),
+            " ".join(words[(k + i) % 10].upper() for i in range(1 + k % 6)),
+        )
+        for k in range(80)
+    ]
+    (tmp_path / "train.en").write_text("".join(s + "\n" for s, _ in pairs))
+    (tmp_path / "train.fr").write_text("".join(t + "\n" for _, t in pairs))
+    corpus = [
+        "--config.data.corpus=plain",
+        f"--config.data.source_path={tmp_path}/{{split}}.en",
+        f"--config.data.target_path={tmp_path}/{{split}}.fr",
+        "--config.data.eval_split=none",
+        "--config.num_train_steps=3",
+    ]
+    one, two = tmp_path / "one", tmp_path / "two"
+    _ok(_finish(_start(one, tmp_path, "one", _env(4), *corpus), TIMEOUT))
+    results = [
+        _finish(p, TIMEOUT) for p in _pair(two, tmp_path, "two", *corpus, "--config.data.prepared_dir=auto")
+    ]
+    lead, _ = _ok(results[0]), _ok(results[1])
+    assert f"data: preparing the train split in {two}/prepared (none is there yet)" in lead
+    assert sorted(os.listdir(two / "prepared")) == [
+        "manifest.json",
+        "train.src_offsets.npy",
+        "train.src_tokens.npy",
+        "train.tgt_offsets.npy",
+        "train.tgt_tokens.npy",
+        "vocab",
+    ]
+    got, want = load_checkpoint(two, step=3), load_checkpoint(one, step=3)
+    _close(got.state["params"], want.state["params"])
+    assert got.data["schedule"] == want.data["schedule"]  # the prepared fingerprint is the in-memory one

@@ -23,11 +23,21 @@ from attn_jax.attention import (
     additive_attention_step,
     attend,
     chunked_dot_product_attention,
+    concat_scores,
     dot_product_attention,
+    dot_scores,
+    general_scores,
     init_additive_params,
+    init_general_params,
+    init_local_p_params,
+    init_location_params,
     init_multi_head_params,
     local_attention,
+    location_scores,
+    luong_attention,
+    monotonic_centers,
     multi_head_attention,
+    predictive_centers,
     project_keys,
     zero_masked_keys,
     zero_masked_queries,
@@ -37,7 +47,17 @@ from attn_jax.models import RNNConfig, RNNsearch
 from attn_jax.models.transformer import Transformer, TransformerConfig
 from attn_jax.nn import LuongAttention
 from tests.reference.chunked import attention_grads_ref
+from tests.reference.core import context_ref, softmax_ref
 from tests.reference.masks_dot import causal_mask_ref, dot_attention_ref, multi_head_ref
+from tests.reference.scorers import (
+    concat_scores_ref,
+    dot_scores_ref,
+    general_scores_ref,
+    local_ref,
+    location_scores_ref,
+    monotonic_centers_ref,
+    predictive_centers_ref,
+)
 
 # Odd, distinct sizes: B=2, H=3, T=5, S=7, K=4, Kv=3 (D=6 model width, A=5 alignment width).
 B, H, T, S, K, KV, D, A = 2, 3, 5, 7, 4, 3, 6, 5
@@ -397,3 +417,128 @@ def test_decoders_ignore_nan_in_padded_encoder_output(rng, arch):
     out, grads = run(params, padded(enc.memory, False), padded(enc.keys, False), g)
     out_dirty, grads_dirty = run(params, padded(enc.memory, True), padded(enc.keys, True), g)
     _assert_same_and_finite((out_dirty, grads_dirty), (out, grads), arch)
+
+
+# ------------------------------------------------------------------- two-step API: every scorer, every dtype
+
+# Tiny odd sizes for the sweep. One jitted program per dtype: float32 runs all 12 scorer-by-path combinations,
+# the other dtypes 4 of them (every scorer and every path once), which keeps the compilations short.
+SB, ST, SS, SD, SA, WINDOW = 2, 3, 5, 4, 6, 1
+SWEEP_KEY_LENGTHS, SWEEP_QUERY_LENGTHS = np.array([5, 3]), np.array([3, 2])
+SCORERS = ("dot", "general", "concat", "location")
+PATHS = ("global", "local-m", "local-p")
+DIAGONAL = (("dot", "global"), ("general", "local-p"), ("concat", "local-m"), ("location", "local-p"))
+# Tolerances against float64: float32 (and float64 inputs, whose energies are float32 by policy) at 1e-5; bf16
+# and fp16 round the context to the output dtype once more, so 2 ulps of it.
+SWEEP_TOL = {
+    jnp.float32: (1e-5, 1e-6),
+    jnp.float64: (1e-5, 1e-6),
+    jnp.bfloat16: (2 * 2.0**-7, 2 * 2.0**-7),
+    jnp.float16: (2 * 2.0**-10, 2 * 2.0**-10),
+}
+
+
+def _sweep_params(key):
+    k = jax.random.split(key, 4)
+    return {
+        "general": init_general_params(k[0], SD, SD),
+        "concat": init_additive_params(k[1], SD, SD, SA, use_bias=False),
+        "location": init_location_params(k[2], SD, SS),
+        "position": init_local_p_params(k[3], SD, SA),
+    }
+
+
+def _two_step(scorer, path, mask, lengths):
+    """``(params, query, keys) -> context``: a public scorer, then ``luong_attention`` or ``local_attention``."""
+
+    def fn(p, q, h):
+        if scorer == "dot":
+            scores = dot_scores(q, h)
+        elif scorer == "general":
+            scores = general_scores(p["general"], q, h)
+        elif scorer == "concat":
+            scores = concat_scores(p["concat"], q, h)
+        else:
+            scores = location_scores(p["location"], q, h.shape[-2])
+        if path == "global":
+            return luong_attention(scores, h, mask)
+        if path == "local-m":
+            centers = monotonic_centers(q.shape[-2], lengths)
+            return local_attention(scores, h, centers, window=WINDOW, mask=mask, gaussian=False)
+        centers = predictive_centers(p["position"], q, lengths)
+        return local_attention(scores, h, centers, window=WINDOW, mask=mask, gaussian=True)
+
+    return fn
+
+
+def _two_step_ref(scorer, path, p, q, h, mask):
+    """float64 loops: the scorer's energies, then global or local attention over the mask."""
+    if scorer == "dot":
+        scores = dot_scores_ref(q, h)
+    elif scorer == "general":
+        scores = general_scores_ref(q, h, p["general"]["w"])
+    elif scorer == "concat":
+        c = p["concat"]
+        scores = concat_scores_ref(q, h, c["w_q"], c["w_k"], c["v"])
+    else:
+        scores = location_scores_ref(q, p["location"]["w"], SS)
+    if path == "global":
+        return context_ref(softmax_ref(scores, mask), h)
+    if path == "local-m":
+        centers = monotonic_centers_ref(ST, SWEEP_KEY_LENGTHS)
+    else:
+        pos = p["position"]
+        centers = predictive_centers_ref(q, pos["w_p"], pos["v_p"], SWEEP_KEY_LENGTHS)
+    return local_ref(scores, h, centers, WINDOW, mask, gaussian=path == "local-p")[0]
+
+
+@pytest.mark.parametrize(
+    "dtype", [jnp.float32, jnp.bfloat16, jnp.float16, jnp.float64], ids=lambda d: d.__name__
+)
+def test_two_step_scorers_ignore_padded_content(rng, key, dtype):
+    """A public scorer (no mask) then ``luong_attention`` / ``local_attention``, local-p with predictive centres:
+    NaN and ±inf in padded keys and queries reach no output and no gradient (parameters, queries, keys), in every
+    float dtype, and the clean answer is the float64 loops'."""
+    with jax.enable_x64(dtype == jnp.float64):
+        key_valid = np.arange(SS)[None, :] < SWEEP_KEY_LENGTHS[:, None]  # [B, S]
+        query_valid = np.arange(ST)[None, :] < SWEEP_QUERY_LENGTHS[:, None]  # [B, T]
+        mask = query_valid[:, :, None] & key_valid[:, None, :]  # [B, T, S]
+        lengths = jnp.asarray(SWEEP_KEY_LENGTHS)
+        params = jax.tree.map(lambda x: jnp.asarray(x, dtype), _sweep_params(key))
+        combos = [(s, p) for s in SCORERS for p in PATHS] if dtype == jnp.float32 else DIAGONAL
+        fns = {c: _two_step(*c, jnp.asarray(mask), lengths) for c in combos}
+
+        def run(p, q, h, g):
+            results = {}
+            for c, fn in fns.items():
+                out, pullback = jax.vjp(fn, p, q, h)
+                results[c] = (out, pullback(g.astype(out.dtype)))
+            return results
+
+        run = jax.jit(run)
+        q = _normal(rng, (SB, ST, SD))
+        h = _normal(rng, (SB, SS, SD))
+        g = jnp.asarray(_normal(rng, (SB, ST, SD)), dtype)
+        clean = run(
+            params, jnp.asarray(_clean(q, ~query_valid), dtype), jnp.asarray(_clean(h, ~key_valid), dtype), g
+        )
+        dirty = run(
+            params,
+            jnp.asarray(_poison(q, ~query_valid), dtype),
+            jnp.asarray(_poison(h, ~key_valid), dtype),
+            g,
+        )
+        rtol, atol = SWEEP_TOL[dtype]
+        p64 = jax.tree.map(lambda x: np.asarray(x, np.float64), params)
+        q64 = np.asarray(jnp.asarray(_clean(q, ~query_valid), dtype), np.float64)
+        h64 = np.asarray(jnp.asarray(_clean(h, ~key_valid), dtype), np.float64)
+        for c in combos:
+            (out, grads), (out_dirty, grads_dirty) = clean[c], dirty[c]
+            assert out.dtype == dtype
+            what = f"{c[0]} + {c[1]}, {dtype.__name__}"
+            _assert_same_and_finite((out_dirty, grads_dirty), (out, grads), what)
+            _, grad_q, grad_h = grads
+            assert np.all(np.asarray(grad_q, np.float32)[~query_valid] == 0.0), what
+            assert np.all(np.asarray(grad_h, np.float32)[~key_valid] == 0.0), what
+            want = _two_step_ref(*c, p64, q64, h64, mask)
+            np.testing.assert_allclose(np.asarray(out, np.float64), want, rtol=rtol, atol=atol, err_msg=what)

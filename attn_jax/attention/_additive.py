@@ -45,7 +45,7 @@ from attn_jax.attention._checks import (
 )
 from attn_jax.attention._fused_additive import fused_additive_scores
 from attn_jax.attention._normalizers import attend_normalized, check_normalizer
-from attn_jax.attention._padding import zero_masked_keys, zero_masked_queries
+from attn_jax.attention._padding import finite_rows, nan_unless, zero_masked_keys, zero_masked_queries
 from attn_jax.typing import Array, Bool, Float, PRNGKeyArray
 
 __all__ = [
@@ -236,9 +236,9 @@ def project_keys(params: dict[str, Array], keys: Float[Array, "... S Dk"]) -> Fl
     """
     _alignment_dim(params)
     _check_keys(params, keys)
-    return jnp.einsum("...sd,da->...sa", keys, params["w_k"], preferred_element_type=jnp.float32).astype(
-        jnp.float32
-    )
+    keys, finite = finite_rows(keys)  # a NaN row (padding) gives NaN and meets no arithmetic: see finite_rows
+    projected = jnp.einsum("...sd,da->...sa", keys, params["w_k"], preferred_element_type=jnp.float32)
+    return jnp.where(finite[..., None], projected.astype(jnp.float32), jnp.nan)
 
 
 def _effective_v(params) -> Float[Array, " A"]:
@@ -302,8 +302,16 @@ def additive_scores(
     >>> additive_scores(p, jnp.ones((5, 4)), project_keys(p, jnp.ones((7, 6)))).shape
     (5, 7)
     """
-    logits_shape = _scores_shape(params, query, projected_keys)
-    _check_coverage(params, coverage, logits_shape)
+    _check_coverage(params, coverage, _scores_shape(params, query, projected_keys))
+    # The scorer takes no mask: a row holding NaN or ±inf (padding) gives NaN energies but meets no arithmetic,
+    # so its gradient is 0 and a masked one cannot poison the others (see finite_rows).
+    query, finite_q = finite_rows(query)
+    projected_keys, finite_k = finite_rows(projected_keys)
+    return nan_unless(_energies(params, query, projected_keys, fused, coverage), finite_q, finite_k)
+
+
+def _energies(params, query, projected_keys, fused: bool, coverage) -> Float[Array, "... T S"]:
+    """:func:`additive_scores` of checked inputs, with no care for non-finite rows (the attention zeroes them)."""
     pq = jnp.einsum("...td,da->...ta", query, params["w_q"], preferred_element_type=jnp.float32)
     if coverage is not None:
         return _coverage_scores(params, pq, projected_keys, coverage, fused)
@@ -356,8 +364,7 @@ def additive_attention(
     Bahdanau, Cho & Bengio 2015 (ICLR), section 3.1 and appendix A.1.2. Masked keys get weight exactly 0 and a
     row with no valid key gives zero weights and a zero context (see ``_softmax.py``). Rows of ``query``,
     ``keys``/``projected_keys`` and ``values`` that the mask never reads (padding) are zeroed first
-    (:func:`zero_masked_keys`), so a NaN or ±inf there changes no result and no gradient; ``projected_keys``
-    computed elsewhere from such keys carry the NaN into ``w_k``'s gradient, so project clean (or zeroed) keys.
+    (:func:`zero_masked_keys`), so a NaN or ±inf there changes no result and no gradient.
 
     Args:
       params: from :func:`init_additive_params`.
@@ -426,7 +433,7 @@ def additive_attention(
         projected_keys = zero_masked_keys(projected_keys, mask)
     if coverage is not None and mask is not None:
         coverage = jnp.where(mask, coverage, 0.0)  # where, not a product: NaN at padding reaches nothing
-    scores = additive_scores(params, query, projected_keys, fused=fused, coverage=coverage)
+    scores = _energies(params, query, projected_keys, fused, coverage)
     context, weights = attend_normalized(scores, values, mask, normalizer=normalizer)
     return (context, weights) if return_weights else context
 

@@ -38,7 +38,7 @@ import jax.numpy as jnp
 from attn_jax.attention._additive import _positive_int
 from attn_jax.attention._checks import check_broadcastable, check_mask, check_min_rank, shape_str
 from attn_jax.attention._normalizers import check_normalizer, masked_normalize
-from attn_jax.attention._padding import live_rows, zero_rows
+from attn_jax.attention._padding import finite_rows, live_rows, zero_rows
 from attn_jax.attention._softmax import weighted_context
 from attn_jax.typing import Array, Bool, Float, Int, PRNGKeyArray
 
@@ -144,10 +144,11 @@ def predictive_centers(
         )
     lengths = _lengths(source_lengths)
     check_broadcastable(["source_lengths", "query batch axes"], [jnp.shape(lengths), jnp.shape(query)[:-2]])
+    query, finite = finite_rows(query)  # a NaN/±inf row (padding) gives a NaN centre and a zero gradient
     hidden = jnp.tanh(jnp.einsum("...td,da->...ta", query, w_p, preferred_element_type=jnp.float32))
     z = jnp.einsum("...ta,a->...t", hidden.astype(jnp.float32), jnp.asarray(v_p, jnp.float32))
     span = jnp.maximum(lengths - 1, 0).astype(jnp.float32)[..., None]
-    return span * jax.nn.sigmoid(z)
+    return jnp.where(finite, span * jax.nn.sigmoid(z), jnp.nan)
 
 
 def _check_window(window) -> int:
@@ -253,9 +254,11 @@ def local_attention(
     values = zero_rows(values, live_rows(attended, jnp.shape(values), -1))
     if gaussian:
         sigma = d / 2
-        offset = (
-            jnp.arange(scores_shape[-1], dtype=jnp.float32) - jnp.asarray(centers, jnp.float32)[..., None]
-        )
+        centers = jnp.asarray(centers, jnp.float32)
+        if mask is not None:
+            # A query the mask lets attend nothing (padding) has zero weights: 0 · exp(NaN) would still be NaN
+            centers = jnp.where(jnp.any(jnp.asarray(mask), axis=-1), centers, 0.0)
+        offset = jnp.arange(scores_shape[-1], dtype=jnp.float32) - centers[..., None]
         weights = weights * jnp.exp(-jnp.square(offset) / (2 * sigma**2))
     context = weighted_context(weights, values)
     return (context, weights) if return_weights else context

@@ -21,6 +21,7 @@ import jax.numpy as jnp
 from attn_jax.attention._additive import _positive_int, additive_scores, project_keys
 from attn_jax.attention._checks import check_broadcastable, check_mask, check_min_rank, shape_str
 from attn_jax.attention._normalizers import attend_normalized, check_normalizer
+from attn_jax.attention._padding import finite_rows, nan_unless
 from attn_jax.typing import Array, Bool, Float, PRNGKeyArray
 
 __all__ = [
@@ -74,9 +75,11 @@ def dot_scores(query: Float[Array, "... T D"], keys: Float[Array, "... S D"]) ->
             f"dot score needs equal widths: query {shape_str(query)} vs keys {shape_str(keys)} (last axis)"
         )
     _check_pair(query, keys)
-    return jnp.einsum("...td,...sd->...ts", query, keys, preferred_element_type=jnp.float32).astype(
-        jnp.float32
-    )
+    # No mask here: NaN/±inf rows (padding) give NaN energies and meet no arithmetic (see finite_rows)
+    query, finite_q = finite_rows(query)
+    keys, finite_k = finite_rows(keys)
+    scores = jnp.einsum("...td,...sd->...ts", query, keys, preferred_element_type=jnp.float32)
+    return nan_unless(scores.astype(jnp.float32), finite_q, finite_k)
 
 
 def init_general_params(
@@ -119,8 +122,14 @@ def general_scores(
     if jnp.ndim(w) != 2:
         raise ValueError(f"general params w must be [Dq, Dk], got shape {shape_str(w)}")
     _check_pair(query, keys, *jnp.shape(w))
+    # No mask here: NaN/±inf rows (padding) give NaN energies and meet no arithmetic (see finite_rows)
+    query, finite_q = finite_rows(query)
+    keys, finite_k = finite_rows(keys)
     wk = jnp.einsum("...se,de->...sd", keys, w, preferred_element_type=jnp.float32)  # W_a h̄_s: [..., S, Dq]
-    return jnp.einsum("...td,...sd->...ts", query, wk.astype(jnp.float32), preferred_element_type=jnp.float32)
+    scores = jnp.einsum(
+        "...td,...sd->...ts", query, wk.astype(jnp.float32), preferred_element_type=jnp.float32
+    )
+    return nan_unless(scores, finite_q, finite_k)
 
 
 def concat_scores(
@@ -207,9 +216,9 @@ def location_scores(
             f"query has {jnp.shape(query)[-1]} features (shape {shape_str(query)}) but w {shape_str(w)} "
             f"expects Dq = {dq}"
         )
-    return jnp.einsum("...td,ds->...ts", query, w[:, :s], preferred_element_type=jnp.float32).astype(
-        jnp.float32
-    )
+    query, finite_q = finite_rows(query)  # a NaN/±inf row (padding) gives NaN energies and a zero gradient
+    scores = jnp.einsum("...td,ds->...ts", query, w[:, :s], preferred_element_type=jnp.float32)
+    return nan_unless(scores.astype(jnp.float32), finite_q, None)
 
 
 def luong_attention(
@@ -226,9 +235,8 @@ def luong_attention(
 
     Luong et al. 2015, section 3.1. The same normalisation as every other scorer (``attend``): masked
     keys get exactly 0, fully masked rows give zero weights and context. Value rows that the mask never reads
-    (padding) are zeroed first, so NaN or ±inf there changes nothing. The scorers take no mask: pass them
-    keys (and queries) cleaned by :func:`zero_masked_keys` (:func:`zero_masked_queries`) if their padding may
-    hold NaN or ±inf, or the gradients are NaN (``LuongAttention`` does this).
+    (padding) are zeroed first, so NaN or ±inf there changes nothing. The scorers take no mask: a query or
+    key row holding NaN or ±inf gets NaN energies, which a masked pair never reads, and a zero gradient.
 
     Args:
       scores: energies ``[..., T, S]`` from :func:`dot_scores`, :func:`general_scores`, :func:`concat_scores`

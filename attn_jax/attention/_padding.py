@@ -186,12 +186,12 @@ def zero_masked_keys(
 
     .. math:: \tilde k_j = \begin{cases} k_j & \exists i:\, m_{ij} \\ 0 & \text{otherwise} \end{cases}
 
-    The attention functions of this library call this themselves. Call it when you compose a scorer that has
-    no mask (:func:`dot_scores`, :func:`general_scores`, :func:`concat_scores`, :func:`project_keys`) with
-    :func:`luong_attention` or :func:`attend`: a masked key gets weight 0, but a NaN or ±inf in it would still
-    make the gradients NaN (``0 · NaN``), since the scorer's backward multiplies the key by the masked logit's
-    zero cotangent. The function is unchanged and the gradient w.r.t. a zeroed row is exactly 0. A key broadcast
-    over a batch axis of the mask (heads) is kept if any element reads it.
+    The attention functions of this library call this themselves, and its scorers handle non-finite rows
+    (:func:`finite_rows`). Call it when you compose a scorer of your own with :func:`luong_attention` or
+    :func:`attend`: a masked key gets weight 0, but a NaN or ±inf in it would still make the gradients NaN
+    (``0 · NaN``), since the scorer's backward multiplies the key by the masked logit's zero cotangent. The
+    function is unchanged and the gradient w.r.t. a zeroed row is exactly 0. A key broadcast over a batch axis
+    of the mask (heads) is kept if any element reads it.
 
     Args:
       keys: ``[..., S, D]`` (keys, values, annotations, projected keys).
@@ -237,3 +237,27 @@ def zero_masked_queries(
         return queries
     _check_rows("queries", queries, mask, -2)
     return zero_rows(queries, live_rows(jnp.asarray(mask), np.shape(queries), -2))
+
+
+def finite_rows(x: Float[Array, "... L F"]) -> tuple[Float[Array, "... L F"], Bool[Array, "... L"]]:
+    """``(x with its rows holding NaN or ±inf zeroed, whether each row is finite)`` for a scorer's input.
+
+    A scorer takes no mask, so it cannot tell padding from data. It computes on the zeroed rows and then marks
+    their results NaN with :func:`nan_unless`: a read NaN row still gives a NaN answer, while a masked one
+    meets no arithmetic, so its gradient is exactly 0 and ``0 · NaN`` never forms in the backward pass.
+    """
+    x = jnp.asarray(x)
+    finite = jnp.all(jnp.isfinite(x), axis=-1)
+    return jnp.where(finite[..., None], x, jnp.zeros((), x.dtype)), finite
+
+
+def nan_unless(
+    scores: Float[Array, "... T S"],
+    finite_q: Bool[Array, "... T"] | None,
+    finite_k: Bool[Array, "... S"] | None,
+) -> Float[Array, "... T S"]:
+    """``scores`` with NaN in the pairs whose query or key row was not finite (see :func:`finite_rows`)."""
+    ok = None if finite_q is None else finite_q[..., :, None]
+    if finite_k is not None:
+        ok = finite_k[..., None, :] if ok is None else jnp.logical_and(ok, finite_k[..., None, :])
+    return jnp.where(ok, scores, jnp.asarray(jnp.nan, scores.dtype))

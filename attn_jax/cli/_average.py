@@ -13,7 +13,7 @@ be resumed. The source run is only read; the output is written to a temporary di
 when complete, and never overwrites an existing directory.
 
 Exit status: 0 done; 1 a missing run or step, fewer than 2 checkpoints, checkpoints that differ in shape or
-cannot be read, an existing output; 2 a bad flag.
+cannot be read, an existing output, a run another process trains (it holds ``WORKDIR/.lock``); 2 a bad flag.
 """
 
 from __future__ import annotations
@@ -73,15 +73,21 @@ def run_average(args: argparse.Namespace) -> int:
     from attn_jax.pipeline import quiet_checkpoint_logs
     from attn_jax.train import (
         AverageError,
+        RunLocked,
         average_checkpoints,
         check_average_output,
         last_steps,
+        lock_run,
         write_averaged_run,
     )
 
     quiet_checkpoint_logs()
     workdir = args.workdir
+    lock = None
     try:
+        if os.path.isdir(workdir):  # a missing run is the averaging's own error
+            # a run that trains may add or delete checkpoints meanwhile; the source run gets no new file
+            lock = lock_run(workdir, "average", create=False)
         if args.last is not None:
             steps = last_steps(workdir, args.last)
             name = f"averaged-last-{args.last}"
@@ -92,8 +98,11 @@ def run_average(args: argparse.Namespace) -> int:
         check_average_output(workdir, output)  # before the (possibly long) averaging
         averaged = average_checkpoints(workdir, steps)
         write_averaged_run(workdir, output, averaged)
-    except AverageError as e:
+    except (AverageError, RunLocked) as e:
         return _error(e)
+    finally:
+        if lock is not None:
+            lock.release()
     listed = ", ".join(str(s) for s in averaged.steps)
     print(
         f"averaged {len(averaged.steps)} checkpoints of {workdir} (steps {listed}) into {output} "

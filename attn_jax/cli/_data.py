@@ -7,6 +7,7 @@
     attn-jax data --src 'data/{split}.en' --tgt 'data/{split}.fr' --split valid
     attn-jax data --tsv pairs.tsv
     attn-jax data --tfds wmt14_translate/fr-en --source-key en --target-key fr --split validation
+    attn-jax data --prepare --config configs/rnnsearch50.py --workdir runs/r50 --config.data.corpus=plain ...
 
 Prints pairs per split, a source-length histogram, vocabulary sizes and an example pair with its alignment.
 The built-in corpus and ``--tfds`` datasets live in a TFDS data directory: ``--data-dir`` (the trainer's
@@ -19,6 +20,12 @@ bars are kept off the output unless ``--verbose``.
 (train, validation/valid/dev, test, then the others); ``--split validation`` reads ``valid`` or ``dev`` when
 there are no ``validation`` files, as training does. A bad file prints one line ``attn-jax data: error:
 FILE:LINE: ...`` and exits with status 1 (2 on bad flags).
+
+``--prepare`` takes a training config instead (``--config path.py[:arg]`` and ``--config.KEY=VALUE``
+overrides, as ``attn-jax train``) and prepares its training split on disk as training with
+``data.prepared_dir`` would: in ``--out DIR``, else where ``data.prepared_dir`` of ``--workdir`` points
+(``<workdir>/prepared`` when it is empty or ``auto``). It reuses an up-to-date directory and says why it
+rebuilds one (:mod:`attn_jax.data._prepared`).
 """
 
 from __future__ import annotations
@@ -93,8 +100,81 @@ def add_data_parser(subparsers) -> argparse.ArgumentParser:
         action="store_true",
         help="show TFDS's and TensorFlow's own logs and progress bars (on stderr)",
     )
-    p.set_defaults(func=run_data)
+    p.add_argument(
+        "--prepare",
+        action="store_true",
+        help="prepare the training split of the training config --config (path.py[:arg], with "
+        "--config.KEY=VALUE overrides) as memory-mapped arrays on disk, for data.prepared_dir",
+    )
+    p.add_argument(
+        "--workdir", metavar="DIR", help="with --prepare: the run directory whose prepared data to write"
+    )
+    p.add_argument(
+        "--out", metavar="DIR", help="with --prepare: the directory to write (default: from --workdir)"
+    )
+    p.set_defaults(func=run_data, overrides=[])
+
+    parse_known_args = p.parse_known_args
+
+    def parse_with_overrides(args=None, namespace=None):
+        from attn_jax.cli._train import _split_overrides
+
+        overrides, rest = _split_overrides(list(sys.argv[1:] if args is None else args))
+        ns, extras = parse_known_args(rest, namespace)
+        ns.overrides = overrides
+        return ns, extras
+
+    # --config.KEY=VALUE overrides of a training config, for --prepare; taken out before parsing.
+    p.parse_known_args = parse_with_overrides
     return p
+
+
+def _prepare(args: argparse.Namespace) -> int:
+    """``--prepare``: prepare the training split of a training config on disk and summarise it."""
+    if not (args.out or args.workdir):
+        return _error("--prepare needs --out DIR or --workdir DIR", 2)
+    from attn_jax.data import CorpusError
+    from attn_jax.train import (
+        ConfigError,
+        apply_overrides,
+        check_config,
+        load_config,
+        prepare_train_split,
+        resolve_prepared_dir,
+    )
+
+    try:
+        config = apply_overrides(load_config(args.config), args.overrides)
+        check_config(config)
+    except ConfigError as e:
+        return _error(str(e), 2)
+    d = config.data
+    directory = args.out or resolve_prepared_dir(d, args.workdir) or os.path.join(args.workdir, "prepared")
+    try:
+        prepared = prepare_train_split(
+            config, directory, log=lambda line: print(line, file=sys.stderr, flush=True)
+        )
+    except CorpusError as e:
+        return _error(str(e))
+    m = prepared.manifest
+    c = m["counts"]
+    read = c["kept"] + c["source_too_long"] + c["target_too_long"] + c["both_too_long"]
+    print(f"prepared: {prepared.directory}")
+    print(f"corpus: {m['name']}")
+    print(
+        f"pairs: {m['pairs']:,} encoded ({c['empty']:,} with an empty side and {c['beyond_max_examples']:,} beyond "
+        f"data.max_train_examples not read); {c['kept']:,} of {read:,} within the length limits, "
+        f"{c['source_too_long']:,} with the source over, {c['target_too_long']:,} with the target over, "
+        f"{c['both_too_long']:,} with both over"
+    )
+    for side in ("source", "target"):
+        s = m["lengths"][side]
+        print(
+            f"{side}: {s['tokens']:,} tokens, length mean {s['mean']:.1f}, median {s['p50']}, 90% {s['p90']}, "
+            f"99% {s['p99']}, max {s['max']}"
+        )
+    print(f"vocabularies: {m['vocab_sizes'][0]:,} / {m['vocab_sizes'][1]:,} (with the four specials)")
+    return 0
 
 
 def _error(message: str, status: int = 1) -> int:
@@ -338,6 +418,10 @@ def _print_stats(title: str, corpora: dict, vocab_size: int, example: int) -> No
 
 def run_data(args: argparse.Namespace) -> int:
     """Run ``attn-jax data`` with parsed arguments; returns the exit status."""
+    if args.prepare:
+        return _prepare(args)
+    if args.overrides or args.workdir or args.out:
+        return _error("--config.KEY=VALUE, --workdir and --out go with --prepare", 2)
     if (args.src is None) != (args.tgt is None):
         return _error("--src and --tgt go together", 2)
     given = [

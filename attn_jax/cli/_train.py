@@ -135,6 +135,13 @@ def add_train_parser(subparsers) -> argparse.ArgumentParser:
         help="continue from the latest checkpoint in --workdir (bit-for-bit as if never interrupted)",
     )
     p.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="show the libraries' own reports of a failure (background tracebacks, un-awaited coroutines) on "
+        "stderr instead of WORKDIR/debug.log",
+    )
+    p.add_argument(
         "--progress",
         choices=("auto", "bar", "lines"),
         default="auto",
@@ -353,6 +360,7 @@ def _train(args: argparse.Namespace, joined: bool) -> int:
         CheckpointSaveError,
         CheckpointUnreadable,
         ConfigError,
+        RunLocked,
         TrainingDiverged,
         WorkdirError,
         apply_overrides,
@@ -366,6 +374,10 @@ def _train(args: argparse.Namespace, joined: bool) -> int:
             config = apply_overrides(load_config(args.config), args.overrides)
             check_config(config)
             tty = {"auto": None, "bar": True, "lines": False}[args.progress]
+            if not getattr(args, "verbose", False):
+                from attn_jax.cli._noise import route_library_noise
+
+                route_library_noise(os.path.abspath(args.workdir), "train")
             with _orbax_noise_quieted():
                 result = train_and_evaluate(config, args.workdir, resume=args.resume, tty=tty)
         except Exception:
@@ -380,7 +392,7 @@ def _train(args: argparse.Namespace, joined: bool) -> int:
         return _error(e, 1)
     except TrainingDiverged as e:
         return _error(e, 3)
-    except (WorkdirError, CheckpointSaveError, CheckpointUnreadable) as e:
+    except (WorkdirError, RunLocked, CheckpointSaveError, CheckpointUnreadable) as e:
         return _error(e, 1)
     except OSError as e:  # any other file the run writes (metrics, vocabularies, TensorBoard): a full disk
         where = f"{e.filename}: " if e.filename else ""

@@ -41,6 +41,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
 import sys
 import threading
 from collections.abc import Sequence
@@ -72,6 +73,8 @@ class EncodedCorpus:
       src_ext_tokens: int32 like ``src_tokens``, the source in the extended target vocabulary (copying,
         ``encode_corpus(..., copy=True)``), else None.
       tgt_ext_tokens: int32 like ``tgt_tokens``, the target in the extended target vocabulary, else None.
+      digest: the :meth:`fingerprint`, when known without reading every array (a prepared corpus stores it in
+        its manifest: :func:`attn_jax.data.open_prepared`); "" computes it.
     """
 
     src_tokens: np.ndarray
@@ -82,30 +85,64 @@ class EncodedCorpus:
     name: str = ""
     src_ext_tokens: np.ndarray | None = None
     tgt_ext_tokens: np.ndarray | None = None
+    digest: str = ""
 
     def __len__(self) -> int:
         return len(self.src_offsets) - 1
 
     def source(self, i: int) -> np.ndarray:
-        return self.src_tokens[self.src_offsets[i] : self.src_offsets[i + 1]]
+        return _row(self.src_tokens, self.src_offsets, i)
 
     def target(self, i: int) -> np.ndarray:
-        return self.tgt_tokens[self.tgt_offsets[i] : self.tgt_offsets[i + 1]]
+        return _row(self.tgt_tokens, self.tgt_offsets, i)
 
     @property
     def src_lengths(self) -> np.ndarray:
-        return np.diff(self.src_offsets)
+        return _lengths(self.src_offsets)
 
     @property
     def tgt_lengths(self) -> np.ndarray:
-        return np.diff(self.tgt_offsets)
+        return _lengths(self.tgt_offsets)
 
     def fingerprint(self) -> str:
         """A hash of the ids, so that a saved iterator state is not restored onto a different corpus."""
+        if self.digest:
+            return self.digest
         h = hashlib.sha256()
         for a in (self.src_tokens, self.src_offsets, self.tgt_tokens, self.tgt_offsets):
             h.update(np.ascontiguousarray(a).tobytes())
         return h.hexdigest()[:16]
+
+
+def _read(array: np.ndarray, start: int, count: int) -> np.ndarray:
+    """``array[start:start + count]``, read with ``pread`` from the file behind a memory map that carries an
+    open ``_file`` (:func:`attn_jax.data.open_prepared`): a page fault through the map would make the
+    kernel map its neighbours too, and a long run would keep much of the corpus resident."""
+    f = getattr(array, "_file", None)
+    if f is None:
+        return np.asarray(array[start : start + count])
+    raw = os.pread(f.fileno(), count * array.itemsize, array.offset + start * array.itemsize)
+    return np.frombuffer(raw, array.dtype, count)
+
+
+def _row(tokens: np.ndarray, offsets: np.ndarray, i: int) -> np.ndarray:
+    a, b = _read(offsets, int(i), 2)
+    return _read(tokens, int(a), int(b - a))
+
+
+def _lengths(offsets: np.ndarray) -> np.ndarray:
+    """int64 ``[N]``: ``offsets``' differences. A memory-mapped file is read in blocks rather than through its
+    map, so that a process keeps resident only the offsets of the rows it batches."""
+    if not isinstance(offsets, np.memmap) or offsets.filename is None:
+        return np.diff(offsets)
+    out = np.empty(len(offsets) - 1, np.int64)
+    block = 1 << 20
+    with open(offsets.filename, "rb") as f:
+        for start in range(0, len(out), block):
+            f.seek(offsets.offset + start * offsets.itemsize)
+            values = np.fromfile(f, offsets.dtype, min(block, len(out) - start) + 1)
+            np.subtract(values[1:], values[:-1], out=out[start : start + len(values) - 1])
+    return out
 
 
 def _flat(seqs: Sequence[list[int]]) -> tuple[np.ndarray, np.ndarray]:

@@ -29,15 +29,17 @@ from __future__ import annotations
 
 import dataclasses
 import glob
+import itertools
 import os
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 from attn_jax.data._synthetic import SPLITS
 
 
 class CorpusError(ValueError):
-    """A corpus cannot be read; the message names the file and line (``path:line: what is wrong``)."""
+    """A corpus (or a saved vocabulary) cannot be read; the message names the file and line
+    (``path:line: what is wrong``)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,10 +92,10 @@ def _collect(
     )
 
 
-def _read_lines(path: str | os.PathLike) -> list[str]:
-    """The lines of a UTF-8 file, without line endings (``\\n``, ``\\r\\n``) or a leading byte-order mark."""
+def _iter_lines(path: str | os.PathLike) -> Iterator[str]:
+    """The lines of a UTF-8 file one by one, without line endings (``\\n``, ``\\r\\n``) or a leading byte-order
+    mark."""
     path = os.fspath(path)
-    lines = []
     try:
         with open(path, "rb") as f:
             for lineno, raw in enumerate(f, start=1):
@@ -105,14 +107,59 @@ def _read_lines(path: str | os.PathLike) -> list[str]:
                     ) from None
                 if lineno == 1:
                     line = line.removeprefix("\ufeff")
-                lines.append(line.rstrip("\r\n"))
+                yield line.rstrip("\r\n")
     except FileNotFoundError:
         raise CorpusError(f"{path}: no such file") from None
     except IsADirectoryError:
         raise CorpusError(f"{path}: is a directory, expected a text file") from None
     except PermissionError:
         raise CorpusError(f"{path}: permission denied") from None
-    return lines
+
+
+def _read_lines(path: str | os.PathLike) -> list[str]:
+    """The lines of a UTF-8 file (:func:`_iter_lines`) as a list."""
+    return list(_iter_lines(path))
+
+
+def iter_plain_pairs(
+    source_path: str | os.PathLike, target_path: str | os.PathLike
+) -> Iterator[tuple[str, str]]:
+    """The pairs of two line-aligned files one at a time, both sides stripped, empty ones included.
+
+    The streaming form of :func:`read_plain_corpus` (without alignments): it holds one line of each file, and
+    raises the same :class:`CorpusError` for a missing file, invalid UTF-8 or different line counts (after
+    the shorter file's last pair).
+    """
+    src, tgt = _iter_lines(source_path), _iter_lines(target_path)
+    n = 0
+    for s, t in itertools.zip_longest(src, tgt):
+        if s is None or t is None:
+            ns = n + (s is not None) + sum(1 for _ in src)
+            nt = n + (t is not None) + sum(1 for _ in tgt)
+            longer = source_path if ns > nt else target_path
+            raise CorpusError(
+                f"{os.fspath(longer)}:{n + 1}: line has no partner: "
+                f"{os.fspath(source_path)} has {ns} lines but {os.fspath(target_path)} has {nt}"
+            )
+        n += 1
+        yield s.strip(), t.strip()
+
+
+def iter_tsv_pairs(
+    path: str | os.PathLike, source_column: int = 0, target_column: int = 1
+) -> Iterator[tuple[str, str]]:
+    """The pairs of a TSV file one at a time, both sides stripped, blank lines and empty sides included as
+    empty strings: the streaming form of :func:`read_tsv_corpus` (without alignments), with its errors."""
+    path = os.fspath(path)
+    need = max(source_column, target_column) + 1
+    for lineno, line in enumerate(_iter_lines(path), start=1):
+        if not line.strip():
+            yield "", ""
+            continue
+        cols = line.split("\t")
+        if len(cols) < need:
+            raise CorpusError(f"{path}:{lineno}: expected {need} tab-separated columns, found {len(cols)}")
+        yield cols[source_column].strip(), cols[target_column].strip()
 
 
 def _check_links(path: str, lineno: int, line: str, source: str, target: str) -> str:

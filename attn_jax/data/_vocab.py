@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import collections
 import io
+import itertools
 import json
 import os
 from collections.abc import Iterable, Sequence
 from typing import Protocol, runtime_checkable
 
 from attn_jax._extras import needed_by
+from attn_jax.data._corpus import CorpusError
 
 PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
 SPECIAL_TOKENS = ("<pad>", "<s>", "</s>", "<unk>")
@@ -103,14 +105,34 @@ class WordVocabulary:
         Returns:
           A vocabulary of size ``4 + min(K, number of kept word types)``.
         """
-        if max_size is not None and max_size < 0:
-            raise ValueError(f"max_size must be >= 0, got {max_size}")
         counts: collections.Counter[str] = collections.Counter()
         for s in sentences:
             counts.update((s.lower() if lowercase else s).split())
-        for special in SPECIAL_TOKENS:
-            counts.pop(special, None)
-        words = sorted((w for w, c in counts.items() if c >= min_count), key=lambda w: (-counts[w], w))
+        return cls.from_counts(counts, max_size, min_count=min_count, lowercase=lowercase)
+
+    @classmethod
+    def from_counts(
+        cls,
+        counts: collections.Counter[str],
+        max_size: int | None = None,
+        *,
+        min_count: int = 1,
+        lowercase: bool = False,
+    ) -> WordVocabulary:
+        """The vocabulary :meth:`build` makes from word counts gathered elsewhere (a streaming pass over a large
+        corpus, or both sides of one). ``counts`` must already be lowercased when ``lowercase``.
+
+        >>> import collections
+        >>> WordVocabulary.from_counts(collections.Counter("a b b c".split()), max_size=2).tokens[4:]
+        ('b', 'a')
+        """
+        if max_size is not None and max_size < 0:
+            raise ValueError(f"max_size must be >= 0, got {max_size}")
+        specials = set(SPECIAL_TOKENS)
+        words = sorted(
+            (w for w, c in counts.items() if c >= min_count and w not in specials),
+            key=lambda w: (-counts[w], w),
+        )
         return cls(SPECIAL_TOKENS + tuple(words[:max_size]), lowercase=lowercase)
 
     @property
@@ -194,11 +216,13 @@ class SentencePieceVocabulary:
             import sentencepiece as spm
 
         model = io.BytesIO()
-        text = [s for _, s in zip(range(max_sentences), sentences, strict=False) if s.strip()]
-        if not text:
+        # A stream, never a list: the sentences may come straight from a file larger than memory.
+        text = (s for s in itertools.islice(sentences, max_sentences) if s.strip())
+        first = next(text, None)
+        if first is None:
             raise ValueError("cannot train SentencePiece on no sentences")
         spm.SentencePieceTrainer.train(
-            sentence_iterator=iter(text),
+            sentence_iterator=itertools.chain([first], text),
             model_writer=model,
             vocab_size=vocab_size,
             model_type=model_type,
@@ -249,19 +273,44 @@ class SentencePieceVocabulary:
 
 
 def load_vocabulary(directory: str | os.PathLike) -> WordVocabulary | SentencePieceVocabulary:
-    """Read a vocabulary written by ``save(directory)``."""
+    """Read a vocabulary written by ``save(directory)``.
+
+    A missing, damaged or foreign file raises :class:`CorpusError` in one line naming the file.
+    """
     path = os.path.join(directory, _VOCAB_FILE)
     try:
-        with open(path, encoding="utf-8") as f:
-            meta = json.load(f)
+        with open(path, "rb") as f:
+            meta = json.loads(f.read().decode("utf-8"))
     except FileNotFoundError:
-        raise ValueError(f"{path}: no such file (not a saved vocabulary)") from None
-    if meta.get("kind") == "word":
-        return WordVocabulary(meta["tokens"], lowercase=meta["lowercase"])
-    if meta.get("kind") == "sentencepiece":
-        with open(os.path.join(directory, meta["model"]), "rb") as f:
-            return SentencePieceVocabulary(f.read())
-    raise ValueError(f"{path}: unknown vocabulary kind {meta.get('kind')!r}")
+        raise CorpusError(f"{path}: no such file (not a saved vocabulary)") from None
+    except OSError as e:
+        raise CorpusError(f"{path}: {e.strerror or e}") from None
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+        raise CorpusError(f"{path}: not a saved vocabulary ({type(e).__name__}: {_one_line(e)})") from None
+    kind = meta.get("kind") if isinstance(meta, dict) else None
+    try:
+        if kind == "word":
+            tokens, lowercase = meta["tokens"], meta["lowercase"]
+            if not isinstance(tokens, list) or not all(isinstance(t, str) for t in tokens):
+                raise ValueError("its tokens are not a list of strings")
+            return WordVocabulary(tokens, lowercase=bool(lowercase))
+        if kind == "sentencepiece":
+            model = meta["model"]
+            if not isinstance(model, str):
+                raise ValueError(f"its model is not a file name: {model!r}")
+            with open(os.path.join(directory, model), "rb") as f:
+                return SentencePieceVocabulary(f.read())
+    except KeyError as e:
+        raise CorpusError(f"{path}: not a saved vocabulary (no {e.args[0]!r})") from None
+    except OSError as e:
+        raise CorpusError(f"{e.filename or path}: {e.strerror or e}") from None
+    except (ValueError, RuntimeError) as e:  # RuntimeError: SentencePiece cannot parse the model
+        raise CorpusError(f"{path}: not a saved vocabulary ({_one_line(e)})") from None
+    raise CorpusError(f"{path}: unknown vocabulary kind {kind!r}")
+
+
+def _one_line(error: Exception) -> str:
+    return " ".join(str(error).split())[:300]
 
 
 def save_vocabularies(directory: str | os.PathLike, source: Vocabulary, target: Vocabulary) -> None:

@@ -57,9 +57,12 @@ from attn_jax.train._inputs import (
     describe_split,
     load_corpus,
     make_inputs,
+    prepare_train_split,
     resolve_corpus_split,
+    resolve_prepared_dir,
     restore_data_state,
 )
+from attn_jax.train._lock import RunLocked, lock_run
 from attn_jax.train._loop import TrainingDiverged, TrainResult, WorkdirError, evaluate, train_and_evaluate
 from attn_jax.train._loss import LossSums, loss_sums, sentence_losses, token_cross_entropy
 from attn_jax.train._metrics import MetricsLogger, ProgressLine, format_duration, read_metrics
@@ -129,6 +132,7 @@ __all__ = [
     "OptimizerConfig",
     "ProgressLine",
     "Restored",
+    "RunLocked",
     "SplitReport",
     "StepConfig",
     "TrainMetrics",
@@ -163,6 +167,7 @@ __all__ = [
     "load_checkpoint",
     "load_config",
     "load_corpus",
+    "lock_run",
     "loss_sums",
     "make_inputs",
     "make_optimizer",
@@ -173,9 +178,11 @@ __all__ = [
     "model_defaults",
     "optimizer_config",
     "paper_config",
+    "prepare_train_split",
     "param_count",
     "read_metrics",
     "resolve_corpus_split",
+    "resolve_prepared_dir",
     "sentence_losses",
     "smoke_config",
     "summarize_attention",

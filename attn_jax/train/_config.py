@@ -240,6 +240,8 @@ def default_config(arch: str = "rnnsearch") -> ml_collections.ConfigDict:
             prefetch=2,
             # Pack several training pairs into each row, with no attention across pairs (transformer only).
             pack=False,
+            # Train from token arrays prepared on disk: "" reads the text into memory; auto: <workdir>/prepared.
+            prepared_dir="",
         )
     )
     c.checkpoint = ml_collections.ConfigDict()
@@ -648,6 +650,18 @@ def check_config(config: ml_collections.ConfigDict) -> None:
         if d[key] < 0:
             raise ConfigError(f"data.{key} must be >= 0, got {d[key]}")
     _check_joint_vocab(config)
+    if d.get("prepared_dir", ""):
+        if d.corpus not in ("plain", "tsv"):
+            raise ConfigError(
+                f"data.prepared_dir={d.prepared_dir!r} needs a plain or tsv corpus, not data.corpus={d.corpus!r} "
+                "(the built-in and TFDS corpora are read as they are)"
+            )
+        for key, on in (
+            ("data.alignment_path", bool(d.alignment_path)),
+            ("model.copy", config.model.get("copy", False)),
+        ):
+            if on:
+                raise ConfigError(f"data.prepared_dir keeps token ids only: set it to '' to train with {key}")
     if d.pack and config.model.arch != "transformer":
         raise ConfigError(
             f"data.pack=True needs model.arch=transformer (the only model that reads segment ids); got "

@@ -1,8 +1,10 @@
 """The trainer's input side: reading the configured corpus, vocabularies beside the checkpoints, iterators.
 
-In a multi-process run every process reads the whole corpus, builds the same vocabularies and the same global
-batch schedule, and keeps its own block of rows of every global batch (``process_index`` of ``process_count``
-blocks, :func:`attn_jax.data.make_batch_iterator`).
+In a multi-process run every process builds the same vocabularies and the same global batch schedule, and keeps
+its own block of rows of every global batch (``process_index`` of ``process_count`` blocks,
+:func:`attn_jax.data.make_batch_iterator`). In memory every process reads the whole corpus; with
+``data.prepared_dir`` the first process prepares the training split on disk (:func:`prepare_train_split`) and
+every process reads only its rows from it.
 
 **Iterator state in checkpoints.** Every process's iterator is at the same global batch index (each update
 consumes one global batch on every process), so a checkpoint stores one state (:func:`data_state`): the index,
@@ -13,10 +15,13 @@ under any process count: a run saved by 2 processes resumes in 1, and the other 
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import hashlib
+import itertools
 import json
 import os
+from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
 import ml_collections
@@ -33,8 +38,10 @@ __all__ = [
     "describe_split",
     "load_corpus",
     "make_inputs",
+    "prepare_train_split",
     "restore_data_state",
     "resolve_corpus_split",
+    "resolve_prepared_dir",
 ]
 
 
@@ -229,39 +236,47 @@ def describe_split(report: SplitReport, role: str, d: ml_collections.ConfigDict,
 SENTENCEPIECE_MAX_SENTENCES = 1_000_000
 
 
+KeptPairs = Callable[[], Iterator[tuple[str, str]]]
+
+
 def _train_sentencepiece(
-    d: ml_collections.ConfigDict, sources: list[str], targets: list[str]
+    d: ml_collections.ConfigDict, kept: KeptPairs, n: int
 ) -> tuple[data.Vocabulary, data.Vocabulary, str]:
     """One SentencePiece model per language (``data.sentencepiece_type``) of ``data.src_vocab_size`` /
-    ``tgt_vocab_size`` pieces plus the four specials, trained on the kept training pairs; and the start-up line
-    saying how many pieces each got (fewer than asked when the corpus supports no more) and, past
-    :data:`SENTENCEPIECE_MAX_SENTENCES` pairs, that only the first ones trained them. With ``data.joint_vocab``
-    one model of ``data.src_vocab_size`` pieces trains on the first sentences of both sides and serves both."""
+    ``tgt_vocab_size`` pieces plus the four specials, trained on the ``n`` kept training pairs ``kept()``
+    yields (each call one streaming pass); and the start-up line saying how many pieces each got (fewer than
+    asked when the corpus supports no more) and, past :data:`SENTENCEPIECE_MAX_SENTENCES` pairs, that only the
+    first ones trained them. With ``data.joint_vocab`` one model of ``data.src_vocab_size`` pieces trains on
+    the first sentences of both sides and serves both."""
     cap = SENTENCEPIECE_MAX_SENTENCES
     joint = bool(d.get("joint_vocab", False))
+
+    def side(k: int) -> Iterator[str]:
+        return itertools.islice((pair[k] for pair in kept()), cap)
+
     sides = (
-        [("joint", "src", sources[:cap] + targets[:cap], d.src_vocab_size + 4)]
+        [("joint", "src", lambda: itertools.chain(side(0), side(1)), d.src_vocab_size + 4)]
         if joint
         else [
-            ("source", "src", sources, d.src_vocab_size + 4),
-            ("target", "tgt", targets, d.tgt_vocab_size + 4),
+            ("source", "src", lambda: side(0), d.src_vocab_size + 4),
+            ("target", "tgt", lambda: side(1), d.tgt_vocab_size + 4),
         ]
     )
     vocabs, got = [], []
-    for side, key, text, size in sides:
+    for name, key, text, size in sides:
         try:
             vocab = data.SentencePieceVocabulary.train(
-                text, size, model_type=d.sentencepiece_type, max_sentences=len(text) if joint else cap
+                text(), size, model_type=d.sentencepiece_type, max_sentences=2 * cap
             )
         except (ValueError, RuntimeError) as e:  # SentencePiece's own refusal, as one line naming our key
             raise data.CorpusError(
-                f"cannot train the {side} SentencePiece {d.sentencepiece_type} model of {size:,} pieces "
+                f"cannot train the {name} SentencePiece {d.sentencepiece_type} model of {size:,} pieces "
                 f"(data.{key}_vocab_size={size - 4:,} plus 4 specials): {' '.join(str(e).split())}"
             ) from None
         vocabs.append(vocab)
         fewer = f" (of {size:,} asked: the corpus supports no more)" if vocab.size < size else ""
-        got.append(f"{side} {vocab.size:,} pieces{fewer}")
-    first = f"the first {cap:,} of " if len(sources) > cap else ""
+        got.append(f"{name} {vocab.size:,} pieces{fewer}")
+    first = f"the first {cap:,} of " if n > cap else ""
     what = (
         f"one joint SentencePiece {d.sentencepiece_type} vocabulary (data.joint_vocab) trained on the sources and "
         "targets of"
@@ -269,24 +284,125 @@ def _train_sentencepiece(
         else f"SentencePiece {d.sentencepiece_type} vocabularies trained on"
     )
     line = (
-        f"data: {what} {first}the {len(sources):,} training pairs of at most {d.max_source_length} source and "
+        f"data: {what} {first}the {n:,} training pairs of at most {d.max_source_length} source and "
         f"{d.max_target_length} target words: {', '.join(got)}, the four specials included"
     )
     src, tgt = (vocabs[0], vocabs[0]) if joint else vocabs
     return src, tgt, line
 
 
-def _joint_words(d: ml_collections.ConfigDict, sources: list[str], targets: list[str]):
-    """``data.joint_vocab`` with word vocabularies: the ``data.src_vocab_size`` most frequent words of both
-    sides together, and the start-up line saying how many word types there were."""
-    every = data.WordVocabulary.build([*sources, *targets])
+def _build_vocabularies(
+    d: ml_collections.ConfigDict, kept: KeptPairs, n: int | None = None
+) -> tuple[data.Vocabulary, data.Vocabulary, str]:
+    """The vocabularies of ``config.data`` from the kept training pairs, read in streaming passes over
+    ``kept()`` (one for word counts; a subword model reads up to its sentence cap per side); ``n``, their
+    number, is counted by one more pass when None and needed. Returns ``(source, target, vocab_line)``.
+
+    With ``data.joint_vocab`` and words: the ``data.src_vocab_size`` most frequent words of both sides together
+    serve as both vocabularies, and the line says how many word types there were.
+    """
+    if d.vocab == "sentencepiece":
+        if n is None:
+            n = sum(1 for _ in kept())
+        return _train_sentencepiece(d, kept, n)
+    joint = bool(d.get("joint_vocab", False))
+    src_counts: collections.Counter[str] = collections.Counter()
+    tgt_counts = src_counts if joint else collections.Counter()
+    n = 0
+    for s, t in kept():
+        src_counts.update(s.split())
+        tgt_counts.update(t.split())
+        n += 1
+    if not joint:
+        src = data.WordVocabulary.from_counts(src_counts, max_size=d.src_vocab_size)
+        tgt = data.WordVocabulary.from_counts(tgt_counts, max_size=d.tgt_vocab_size)
+        return src, tgt, ""
+    every = data.WordVocabulary.from_counts(src_counts)
     vocab = data.WordVocabulary(every.tokens[: 4 + d.src_vocab_size])
     line = (
-        f"data: one joint word vocabulary (data.joint_vocab) over the sources and targets of the {len(sources):,} "
+        f"data: one joint word vocabulary (data.joint_vocab) over the sources and targets of the {n:,} "
         f"kept training pairs: the {vocab.size - 4:,} most frequent of {every.size - 4:,} word types "
         "(data.src_vocab_size), plus the four specials"
     )
-    return vocab, line
+    return vocab, vocab, line
+
+
+def _vocab_settings(d: ml_collections.ConfigDict) -> dict[str, Any]:
+    """The keys that decide the vocabularies, as a prepared corpus records them (a change rebuilds it)."""
+    settings = {
+        "data.vocab": d.vocab,
+        "data.src_vocab_size": d.src_vocab_size,
+        "data.tgt_vocab_size": d.tgt_vocab_size,
+    }
+    if d.get("joint_vocab", False):
+        settings["data.joint_vocab"] = True
+    if d.vocab == "sentencepiece":
+        settings["data.sentencepiece_type"] = d.sentencepiece_type
+        settings["sentencepiece_max_sentences"] = SENTENCEPIECE_MAX_SENTENCES
+    return settings
+
+
+def resolve_prepared_dir(d: ml_collections.ConfigDict, workdir: str) -> str:
+    """Where ``data.prepared_dir`` puts the prepared training split: "" (in memory), ``<workdir>/prepared``
+    for ``auto``, else the path given."""
+    where = d.get("prepared_dir", "")  # a run saved before the key existed has none
+    if not where:
+        return ""
+    return os.path.join(workdir, "prepared") if where == "auto" else os.path.expanduser(where)
+
+
+def prepare_train_split(
+    config: ml_collections.ConfigDict,
+    directory: str,
+    *,
+    vocabularies: tuple[data.Vocabulary, data.Vocabulary] | None = None,
+    build: bool = True,
+    log: Callable[[str], None] | None = None,
+) -> data.PreparedCorpus:
+    """Prepare (or reuse) the training split of a plain or TSV corpus in ``directory``
+    (:func:`attn_jax.data.prepare_corpus`): the vocabularies in streaming passes, the pairs encoded into
+    memory-mapped arrays. ``vocabularies`` (a resumed run's) replace building them; ``build=False`` only opens
+    an up-to-date directory (the processes that wait for the first one). ``log`` gets the reuse/rebuild line.
+    """
+    d = config.data
+    if d.corpus not in ("plain", "tsv"):
+        raise data.CorpusError(f"data.prepared_dir needs a plain or tsv corpus, not data.corpus={d.corpus!r}")
+    split = resolve_corpus_split(d, d.train_split, choose="data.train_split")
+    if d.corpus == "plain":
+        paths = [data.split_path(d.source_path, split), data.split_path(d.target_path, split)]
+        name = f"{paths[0]} | {paths[1]}"
+
+        def pairs():
+            return data.iter_plain_pairs(*paths)
+    else:
+        paths = [data.split_path(d.tsv_path, split)]
+        name = paths[0]
+
+        def pairs():
+            return data.iter_tsv_pairs(paths[0])
+
+    settings = {
+        "data.corpus": d.corpus,
+        "data.train_split": split,
+        "data.max_source_length": d.max_source_length,
+        "data.max_target_length": d.max_target_length,
+        "data.max_train_examples": d.max_train_examples,
+        **_vocab_settings(d),
+    }
+    return data.prepare_corpus(
+        directory,
+        name=name,
+        pairs=pairs,
+        inputs=paths,
+        settings=settings,
+        make_vocabularies=lambda kept: _build_vocabularies(d, kept),
+        max_source_length=d.max_source_length,
+        max_target_length=d.max_target_length,
+        max_examples=d.max_train_examples,
+        vocabularies=vocabularies,
+        build=build,
+        log=log,
+    )
 
 
 def describe_batches(config: ml_collections.ConfigDict, stats: list[data.BucketStats]) -> list[str]:
@@ -350,6 +466,9 @@ def make_inputs(
     process_count: int = 1,
     save_vocab: bool = True,
     data_axis: int = 1,
+    prepared_dir: str = "",
+    build_prepared: bool = True,
+    log: Callable[[str], None] | None = None,
 ) -> Inputs:
     """Read the corpus, build (or, with ``reuse_vocab``, reload) the vocabularies in ``vocab_dir``, and batch.
 
@@ -370,45 +489,56 @@ def make_inputs(
     run should ``save_vocab``. With ``data.batch_tokens`` the rows of a training batch are rounded down to a
     multiple of ``data_axis`` (the mesh's data axis), and :attr:`Inputs.batch_stats` says what the batches hold.
     With ``data.joint_vocab`` one vocabulary is learnt over both sides and serves as both (saved twice).
+
+    With ``prepared_dir`` (:func:`resolve_prepared_dir`) the training split is read from a prepared directory
+    of memory-mapped arrays (:func:`prepare_train_split`, built or rebuilt there first when out of date, unless
+    ``build_prepared`` is False; ``log`` gets the line saying which), not held in memory; the batches are the
+    same as in memory. The validation split is read into memory either way.
     """
     d = config.data
     train_split = resolve_corpus_split(d, d.train_split, choose="data.train_split")
-    train_corpus, train_beyond = _read_split(d, train_split, d.max_train_examples)
-    eval_split = (
-        resolve_corpus_split(d, d.eval_split, choose="data.eval_split") if has_eval_split(d) else None
-    )
-    if eval_split is not None:
-        eval_corpus, eval_beyond = _read_split(d, eval_split, d.max_eval_examples)
     train_cfg, eval_cfg = batch_configs(config, data_axis)
+    given = data.load_vocabularies(vocab_dir) if reuse_vocab and os.path.isdir(vocab_dir) else None
     vocab_line = ""
-    if reuse_vocab and os.path.isdir(vocab_dir):
-        src_vocab, tgt_vocab = data.load_vocabularies(vocab_dir)
+    train_corpus = train_beyond = prepared = None
+    if prepared_dir:
+        prepared = prepare_train_split(
+            config, prepared_dir, vocabularies=given, build=build_prepared, log=log
+        )
+        src_vocab, tgt_vocab = prepared.source_vocab, prepared.target_vocab
+        if given is None:
+            vocab_line = prepared.manifest["vocab_line"]
     else:
+        train_corpus, train_beyond = _read_split(d, train_split, d.max_train_examples)
+    if given is not None:
+        src_vocab, tgt_vocab = given
+    elif prepared is None:
         # Word vocabularies give one token per whitespace word: the batcher's filter, applied before encoding.
         # SentencePiece gives at least one piece per word, so a pair over the limits in words is over in pieces
         # too and never trains: its text does not train the pieces either.
         keep = train_cfg.keeps(
             [len(s.split()) for s in train_corpus.sources], [len(t.split()) for t in train_corpus.targets]
         )
-        kept = [i for i in range(len(train_corpus)) if keep[i]]
-        sources = [train_corpus.sources[i] for i in kept]
-        targets = [train_corpus.targets[i] for i in kept]
-        if d.vocab == "sentencepiece":
-            src_vocab, tgt_vocab, vocab_line = _train_sentencepiece(d, sources, targets)
-        elif d.get("joint_vocab", False):
-            src_vocab, vocab_line = _joint_words(d, sources, targets)
-            tgt_vocab = src_vocab
-        else:
-            src_vocab = data.WordVocabulary.build(sources, max_size=d.src_vocab_size)
-            tgt_vocab = data.WordVocabulary.build(targets, max_size=d.tgt_vocab_size)
-        if save_vocab:
-            data.save_vocabularies(vocab_dir, src_vocab, tgt_vocab)
+        kept = np.flatnonzero(keep)
+        src_vocab, tgt_vocab, vocab_line = _build_vocabularies(
+            d, lambda: ((train_corpus.sources[i], train_corpus.targets[i]) for i in kept), len(kept)
+        )
+    if given is None and save_vocab:
+        data.save_vocabularies(vocab_dir, src_vocab, tgt_vocab)
+    eval_split = (
+        resolve_corpus_split(d, d.eval_split, choose="data.eval_split") if has_eval_split(d) else None
+    )
+    if eval_split is not None:
+        eval_corpus, eval_beyond = _read_split(d, eval_split, d.max_eval_examples)
     copy = bool(config.model.get("copy", False))  # the pointer-generator: batches carry extended ids
-    train_encoded = data.encode_corpus(train_corpus, src_vocab, tgt_vocab, copy=copy)
+    if prepared is not None:
+        train_encoded = prepared.encoded
+    else:
+        train_encoded = data.encode_corpus(train_corpus, src_vocab, tgt_vocab, copy=copy)
     guided = config.lambda_align > 0  # training batches carry gold only for guided alignment: else unchanged
     if guided and train_encoded.alignments is None:
         raise data.CorpusError(
-            f"{train_corpus.name}: lambda_align={config.lambda_align} needs gold word alignments for training, and "
+            f"{train_encoded.name}: lambda_align={config.lambda_align} needs gold word alignments for training, and "
             "this corpus has none (give a plain or tsv corpus data.alignment_path, a Pharaoh file per {split})"
         )
     shard = dict(process_index=process_index, process_count=process_count)
@@ -429,7 +559,7 @@ def make_inputs(
         copies = int(np.sum(train_encoded.tgt_ext_tokens >= tgt_vocab.size))
         src_oov = int(np.sum(train_encoded.src_ext_tokens >= tgt_vocab.size))
         copy_line = (
-            f"data: copying (model.copy), counted over the {len(train_corpus):,} training pairs read (before the "
+            f"data: copying (model.copy), counted over the {len(train_encoded):,} training pairs read (before the "
             f"length filter): {unknown:,} training target words are outside the target vocabulary; "
             f"{copies:,} of them occur in their source and are learnt as copies, {unknown - copies:,} stay <unk>; "
             f"{src_oov:,} source words are outside the target vocabulary"
@@ -442,9 +572,18 @@ def make_inputs(
             f"data: {packing.summary()}; {rows} rows a batch, about {rows * per_row:,.0f} target tokens a batch "
             "(data.pack)"
         )
-    train_report = _split_report(
-        train_split, d.train_split, train_corpus, train_encoded, train_cfg, train_beyond
-    )
+    if prepared is not None:  # counted while preparing, by the same rule as _split_report
+        c = prepared.manifest["counts"]
+        train_report = SplitReport(
+            train_split,
+            d.train_split,
+            prepared.manifest["name"],
+            **{k: c[k] for k in SplitReport._fields[3:]},
+        )
+    else:
+        train_report = _split_report(
+            train_split, d.train_split, train_corpus, train_encoded, train_cfg, train_beyond
+        )
     validation, validation_report, validation_dropped, validation_text = [], None, 0, ([], [])
     if eval_split is not None:
         eval_encoded = data.encode_corpus(eval_corpus, src_vocab, tgt_vocab, copy=copy)
@@ -466,7 +605,7 @@ def make_inputs(
         tgt_vocab=tgt_vocab,
         train=train_it,
         validation=validation,
-        train_pairs=len(train_corpus) - train_it.plan.num_filtered,
+        train_pairs=len(train_encoded) - train_it.plan.num_filtered,
         validation_pairs=validation_report.kept if validation_report is not None else 0,
         schedule=hashlib.sha256(schedule.encode()).hexdigest()[:16],
         train_dropped=train_it.plan.num_filtered,

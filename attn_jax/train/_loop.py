@@ -92,8 +92,10 @@ from attn_jax.train._inputs import (
     describe_batches,
     describe_split,
     make_inputs,
+    resolve_prepared_dir,
     restore_data_state,
 )
+from attn_jax.train._lock import lock_run
 from attn_jax.train._metrics import MetricsLogger, format_duration
 from attn_jax.train._sharded import (
     abstract_sharded_state,
@@ -617,6 +619,7 @@ def train_and_evaluate(
       attn_jax.data.CorpusError: the corpus cannot be read or leaves no batch.
       TrainingDiverged: the loss or gradient norm became non-finite.
       WorkdirError: ``workdir`` cannot be created or written (a file in its way, read-only, no space).
+      RunLocked: another process (named in the message) trains or averages in ``workdir``.
       CheckpointSaveError: a checkpoint could not be written (a full disk); the last good one is intact.
       CheckpointUnreadable: ``resume`` and no checkpoint can be read.
     """
@@ -626,6 +629,8 @@ def train_and_evaluate(
     allocator = tune_host_allocator()  # before the first JAX computation; its line is logged below
     place = _OneDevice(config) if config.parallel.strategy == "none" else _Mesh(config)
     lead = jax.process_index() == 0  # the process that writes files and talks to the terminal
+    # One run per directory: a second train, resume or average is refused; a multi-process run holds one lock.
+    lock = lock_run(workdir, "train") if lead else None
     ckpt = CheckpointManager(
         os.path.join(workdir, "checkpoints"),
         keep=config.keep_checkpoints,
@@ -650,15 +655,28 @@ def train_and_evaluate(
         where = _tfds_location(config.data) if lead else None
         if where is not None:
             logger.log(where)
-        inputs = make_inputs(
-            config,
-            os.path.join(workdir, "vocab"),
-            reuse_vocab=latest is not None,
-            process_index=place.rows[0],
-            process_count=place.rows[1],
-            save_vocab=lead,
-            data_axis=place.data_axis,
-        )
+        prepared_dir = resolve_prepared_dir(config.data, workdir)
+
+        def read_inputs():
+            return make_inputs(
+                config,
+                os.path.join(workdir, "vocab"),
+                reuse_vocab=latest is not None,
+                process_index=place.rows[0],
+                process_count=place.rows[1],
+                save_vocab=lead,
+                data_axis=place.data_axis,
+                prepared_dir=prepared_dir,
+                build_prepared=lead,
+                log=logger.log,
+            )
+
+        if prepared_dir and jax.process_count() > 1:  # the first process prepares; the others then open it
+            inputs = read_inputs() if lead else None
+            multihost_utils.sync_global_devices("attn_jax: prepared training data")
+            inputs = inputs or read_inputs()
+        else:
+            inputs = read_inputs()
         step_cfg = StepConfig(
             model=model_config(config, inputs.src_vocab.size, inputs.tgt_vocab.size),
             optimizer=optimizer_config(config),
@@ -689,6 +707,8 @@ def train_and_evaluate(
     finally:
         ckpt.close()
         logger.close()
+        if lock is not None:
+            lock.release()
 
 
 def _tfds_location(d: ml_collections.ConfigDict) -> str | None:
