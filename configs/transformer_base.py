@@ -21,6 +21,9 @@ Batches hold at most 25,000 padded positions a side (``data.batch_tokens``), the
 25,000 target tokens a batch; padding to the buckets counts, so a batch carries a little fewer real tokens (the
 start-up lines say how many). Pairs over 128 pieces on either side are dropped (the paper states no limit; the
 trainer reports how many). SentencePiece trains on the first 1M kept sentences of each language together.
+A device that cannot hold 25,000 tokens a batch makes the same update from smaller ones:
+``--config.data.batch_tokens=6250 --config.optimizer.accumulate=4`` sums the gradients of four batches and
+normalises by all their tokens.
 
 Expected: the paper reports BLEU 27.3 on newstest2014 for the base model (Table 2, 12 hours on 8 P100 GPUs). That
 is tokenised BLEU; ``attn-jax evaluate`` reports sacreBLEU on detokenised text, and the two can differ by more than a
@@ -28,7 +31,7 @@ point (Post 2018, "A Call for Clarity in Reporting BLEU Scores"). This preset ha
 accelerator). ``--config.mixed_precision=True`` computes in bfloat16.
 Smoke variant (``:smoke``): the same architecture (post-LN, 8 heads, one shared embedding) and optimiser at tiny
 sizes (3 + 3 layers, d_model 32, d_ff 64) on 300 generated pairs of the built-in corpus with one joint word
-vocabulary (no SentencePiece needed) and batches of 256 tokens, 30 updates.
+vocabulary (no SentencePiece needed) and batches of 256 tokens, two accumulated per update, 30 updates.
 """
 
 import dataclasses
@@ -78,6 +81,7 @@ def get_config(arg: str | None = None):
     if arg == "smoke":
         c = smoke_config(c)
         c.data.update(vocab="word", src_vocab_size=1000, tgt_vocab_size=1000)
+        c.optimizer.accumulate = 2  # the accumulating path, with dropout drawn per micro-batch
         return c
     if arg is not None:
         raise ValueError(f"unknown variant {arg!r}; the only variant is 'smoke'")

@@ -15,6 +15,7 @@ from attn_jax.models.transformer import Transformer, TransformerConfig
 from attn_jax.train import (
     apply_overrides,
     check_config,
+    load_checkpoint,
     load_config,
     make_schedule,
     model_config,
@@ -98,7 +99,7 @@ def test_smoke_variant_trains_through_the_trainer(tmp_path):
     full = load_config(str(PRESET))
     for key in ("arch", "heads", "norm", "positions", "share_embeddings", "dropout"):
         assert config.model[key] == full.model[key], key
-    assert config.optimizer.to_dict() == {**full.optimizer.to_dict(), "warmup_steps": 0}
+    assert config.optimizer.to_dict() == {**full.optimizer.to_dict(), "warmup_steps": 0, "accumulate": 2}
     assert config.data.corpus == "synthetic" and config.data.vocab == "word" and config.data.joint_vocab
     assert config.data.batch_tokens == 16 * 16  # token batches, shrunk to the sentence smoke's one shape
     # a few of its updates, evaluated and checkpointed once (the full 30 take longer than this test may)
@@ -118,3 +119,5 @@ def test_smoke_variant_trains_through_the_trainer(tmp_path):
     )  # Adam at the paper's peak rate moves the loss within 6 updates
     validation = [r for r in records if r["split"] == "validation"]
     assert [r["step"] for r in validation] == [6] and np.isfinite(validation[0]["loss"])
+    assert "each update accumulates 2 batches" in out.getvalue()
+    assert load_checkpoint(tmp_path, step=6).data["next_index"] == 12  # 6 updates of 2 micro-batches

@@ -3,13 +3,13 @@
     attn-jax evaluate --workdir runs/rnnsearch_cpu --split test
     attn-jax evaluate --workdir runs/rnnsearch_cpu --split test --beam 12 --max-examples 140 --out /tmp/eval
 
-Decodes the split with beam search (the run's best checkpoint), scores it with sacreBLEU (overall, per source
-length bucket 0-9 ... 60+ as in Bahdanau et al. 2015, Figure 2, and on the sentences without ``<unk>``,
-Table 1's "No UNK"), measures the alignment error rate of the attention against the corpus' gold alignments
-(built-in corpus; overall and on the sentences within the training lengths), draws attention heatmaps chosen
-as the paper's Figure 3 is (the longest sentences within the training lengths that the model translates
-exactly, plus one beyond them as the failure case: :func:`figure3_examples`), prints the tables and writes
-them to ``--out`` (default ``workdir/eval/<split>``):
+Decodes the split with beam search (the run's best checkpoint; ``--weights ema``: its moving average of the
+weights), scores it with sacreBLEU (overall, per source length bucket 0-9 ... 60+ as in Bahdanau et al. 2015,
+Figure 2, and on the sentences without ``<unk>``, Table 1's "No UNK"), measures the alignment error rate of the
+attention against the corpus' gold alignments (built-in corpus; overall and on the sentences within the training
+lengths), draws attention heatmaps chosen as the paper's Figure 3 is (the longest sentences within the training
+lengths that the model translates exactly, plus one beyond them as the failure case: :func:`figure3_examples`),
+prints the tables and writes them to ``--out`` (default ``workdir/eval/<split>``):
 
     sources.txt  references.txt  hypotheses.txt     the sentences, line-aligned (BLEU can be recomputed)
     references.detok.txt  hypotheses.detok.txt     with --detokenize moses: the detokenised text BLEU scored
@@ -64,6 +64,7 @@ import sys
 
 from attn_jax.cli._translate import add_length_limit_flags, parse_checkpoint
 from attn_jax.pipeline import (
+    WEIGHTS,
     TranslateError,
     bleu_flags_problem,
     decode_progress,
@@ -110,6 +111,13 @@ def add_evaluate_parser(subparsers) -> argparse.ArgumentParser:
         default="best",
         metavar="best|last|STEP",
         help="(default: best)",
+    )
+    p.add_argument(
+        "--weights",
+        choices=WEIGHTS,
+        default="raw",
+        help="the checkpoint's trained parameters (raw, the default) or their moving average (ema: a run "
+        "trained with optimizer.ema_decay > 0)",
     )
     p.add_argument("--batch-size", type=int, default=32, help="sentences per batch (default: %(default)s)")
     p.add_argument(
@@ -209,6 +217,7 @@ def run_evaluate(args: argparse.Namespace) -> int:
             max_examples=args.max_examples,
             out_dir=args.out,
             checkpoint=args.checkpoint,
+            weights=args.weights,
             batch_size=args.batch_size,
             num_heatmaps=args.heatmaps,
             heatmap_sentences=args.heatmap_sentences,

@@ -16,6 +16,8 @@ evaluated), the latest (``last``) or a given step; the
 vocabularies are the run's own (``workdir/vocab``). A best or latest checkpoint that cannot be read (a truncated
 or deleted file) is skipped for the next best or newest one that loads, with a warning on stderr naming the
 damaged step; when none loads, or the step asked for cannot be read, the error names each step and why.
+``--weights ema`` translates with the checkpoint's moving average of the weights (a run trained with
+``optimizer.ema_decay > 0``); on a checkpoint without one it is a one-line error.
 
 Streaming: the model is loaded first; then standard input from a terminal or a pipe is read as it arrives: a line
 typed at a terminal (or written to the pipe) is translated, and its output written and flushed, before the next one
@@ -72,6 +74,7 @@ from typing import Any
 import numpy as np
 
 from attn_jax.pipeline import (
+    WEIGHTS,
     LengthLimitReport,
     LoadedModel,
     TranslateError,
@@ -156,6 +159,13 @@ def add_translate_parser(subparsers) -> argparse.ArgumentParser:
         help="which checkpoint (default: %(default)s = best by the run's checkpoint.best_metric, lowest "
         "validation loss by default; the latest, with a warning on stderr, when no kept checkpoint has been "
         "evaluated)",
+    )
+    p.add_argument(
+        "--weights",
+        choices=WEIGHTS,
+        default="raw",
+        help="the checkpoint's trained parameters (raw, the default) or their moving average (ema: a run "
+        "trained with optimizer.ema_decay > 0)",
     )
     p.add_argument(
         "--replace-unk",
@@ -411,7 +421,7 @@ def run_translate(args: argparse.Namespace) -> int:
         # A file is read before the (slow) model load, so that its errors come at once; stdin after it, so that
         # the first line typed is answered without waiting for the load.
         lines = None if args.input == "-" else _read_lines(args.input)
-        loaded = load_model(args.workdir, args.checkpoint)
+        loaded = load_model(args.workdir, args.checkpoint, args.weights)
         if loaded.note:
             print(f"attn-jax translate: warning: {loaded.note}", file=sys.stderr)
         rule = length_limit(

@@ -43,7 +43,13 @@ from attn_jax.pipeline._length import (
     merge_length_limit_reports,
     model_length_cap,
 )
-from attn_jax.pipeline._load import LoadedModel, TranslateError, load_model, quiet_checkpoint_logs
+from attn_jax.pipeline._load import (
+    WEIGHTS,
+    LoadedModel,
+    TranslateError,
+    load_model,
+    quiet_checkpoint_logs,
+)
 from attn_jax.pipeline._progress import decode_progress
 from attn_jax.pipeline._split import load_split, select_examples
 from attn_jax.pipeline._translate import (
@@ -55,6 +61,7 @@ from attn_jax.pipeline._translate import (
 )
 
 __all__ = [
+    "WEIGHTS",
     "HeatmapPick",
     "LengthLimitReport",
     "LoadedModel",

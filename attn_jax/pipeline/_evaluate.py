@@ -47,6 +47,7 @@ def evaluate_workdir(
     max_examples: int | None = None,
     out_dir: str | os.PathLike | None = None,
     checkpoint: str | int = "best",
+    weights: str = "raw",
     batch_size: int = 32,
     num_heatmaps: int = 3,
     heatmap_max_length: int = 40,
@@ -75,6 +76,7 @@ def evaluate_workdir(
       checkpoint: ``best`` (by the run's ``checkpoint.best_metric``, lowest validation loss by default; the
         latest when no kept checkpoint was evaluated, which is logged and kept in ``checkpoint_note``), ``last``
         or a step.
+      weights: ``raw`` (the trained parameters) or ``ema`` (their moving average; :func:`load_model`).
       batch_size: sentences per decoding / teacher-forcing batch.
       num_heatmaps: heatmaps of the longest sentences within the training lengths that the model translates
         exactly, plus one sentence beyond the training lengths (:func:`figure3_examples`); at most
@@ -128,6 +130,7 @@ def evaluate_workdir(
         "max_length_ratio": max_length_ratio,
         "max_length_offset": max_length_offset,
         "checkpoint": checkpoint,
+        "weights": weights,
         "max_examples": max_examples,
         "replace_unk": replace_unk,
         "batch_size": batch_size,
@@ -138,7 +141,7 @@ def evaluate_workdir(
     }
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
-    loaded = load_model(workdir, checkpoint)
+    loaded = load_model(workdir, checkpoint, weights)
     if loaded.note:  # never silent: the CLI logs to stderr, and the JSON and the report keep it
         log(f"warning: {loaded.note}")
     system = name or _SYSTEM_NAMES.get(str(loaded.config.model.arch), str(loaded.config.model.arch))
@@ -156,7 +159,7 @@ def evaluate_workdir(
     )
     timings["load_s"] = time.perf_counter() - t0
     log(
-        f"{system} (step {loaded.step}): decoding {len(pairs.sources)} {split} sentences with beam {beam_size}, "
+        f"{system} (step {loaded.step}{', EMA weights' if weights == 'ema' else ''}): decoding {len(pairs.sources)} {split} sentences with beam {beam_size}, "
         f"length limit {rule.describe()}"
     )
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 import os
 from typing import Any, NamedTuple
 
-__all__ = ["LoadedModel", "TranslateError", "load_model", "quiet_checkpoint_logs"]
+__all__ = ["WEIGHTS", "LoadedModel", "TranslateError", "load_model", "quiet_checkpoint_logs"]
+
+WEIGHTS = ("raw", "ema")  # which parameters of a checkpoint: the trained ones, or their moving average
 
 
 class TranslateError(ValueError):
@@ -22,6 +24,7 @@ class LoadedModel(NamedTuple):
     step: int
     workdir: str
     note: str = ""  # one line when another checkpoint than the one asked for was loaded (print it)
+    weights: str = "raw"  # "ema": the moving average of the weights (optimizer.ema_decay)
 
 
 def _checkpoint_steps(workdir: str) -> list[int]:
@@ -39,7 +42,9 @@ def _checkpoint_steps(workdir: str) -> list[int]:
     return steps
 
 
-def load_model(workdir: str | os.PathLike, checkpoint: str | int = "best") -> LoadedModel:
+def load_model(
+    workdir: str | os.PathLike, checkpoint: str | int = "best", weights: str = "raw"
+) -> LoadedModel:
     """Restore the model of a training run: its checkpoint (``best``, ``last`` or a step), vocabularies, config.
 
     ``best`` falls back to the latest finished checkpoint when none of the kept ones has validation metrics
@@ -51,13 +56,16 @@ def load_model(workdir: str | os.PathLike, checkpoint: str | int = "best") -> Lo
       workdir: the run directory (``checkpoints/<step>``, ``vocab/``).
       checkpoint: ``"best"`` (by the run's ``checkpoint.best_metric``: lowest validation loss, or highest BLEU
         or chrF), ``"last"`` or a step number.
+      weights: ``"raw"``, the trained parameters, or ``"ema"``, their moving average (a run trained with
+        ``optimizer.ema_decay > 0``).
 
     Returns:
       A :class:`LoadedModel`.
 
     Raises:
       TranslateError: no such workdir, no (such) checkpoint, none that can be read (or the step asked for
-        cannot be), missing vocabularies or an unusable config.
+        cannot be), ``weights="ema"`` on a checkpoint without a moving average, missing vocabularies or an
+        unusable config.
     """
     import ml_collections
 
@@ -65,6 +73,8 @@ def load_model(workdir: str | os.PathLike, checkpoint: str | int = "best") -> Lo
     from attn_jax.train import CheckpointUnreadable, build_module, load_checkpoint, model_config
 
     workdir = os.fspath(workdir)
+    if weights not in WEIGHTS:
+        raise TranslateError(f"weights must be one of {', '.join(WEIGHTS)}, got {weights!r}")
     if not os.path.isdir(workdir):
         raise TranslateError(f"{workdir}: no such run directory")
     steps = _checkpoint_steps(workdir)
@@ -80,11 +90,21 @@ def load_model(workdir: str | os.PathLike, checkpoint: str | int = "best") -> Lo
     except (ValueError, OSError) as e:
         raise TranslateError(f"{workdir}: cannot read the vocabularies: {e}") from None
     config = ml_collections.ConfigDict(restored.config)
+    params = restored.state["params"]
+    if weights == "ema":
+        params = restored.state.get("ema_params")
+        if params is None:
+            raise TranslateError(
+                f"{workdir}: checkpoint {restored.step} holds no moving average of the weights (trained "
+                "without optimizer.ema_decay, or an averaged run): use --weights raw"
+            )
     try:
-        model = build_module(model_config(config, src_vocab.size, tgt_vocab.size), restored.state["params"])
+        model = build_module(model_config(config, src_vocab.size, tgt_vocab.size), params)
     except (ValueError, KeyError, TypeError) as e:
         raise TranslateError(f"{workdir}: checkpoint {restored.step} does not fit its config: {e}") from None
-    return LoadedModel(model, src_vocab, tgt_vocab, config, int(restored.step), workdir, restored.note)
+    return LoadedModel(
+        model, src_vocab, tgt_vocab, config, int(restored.step), workdir, restored.note, weights
+    )
 
 
 def quiet_checkpoint_logs() -> None:

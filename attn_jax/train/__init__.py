@@ -66,9 +66,10 @@ from attn_jax.train._lock import RunLocked, lock_run
 from attn_jax.train._loop import TrainingDiverged, TrainResult, WorkdirError, evaluate, train_and_evaluate
 from attn_jax.train._loss import LossSums, loss_sums, sentence_losses, token_cross_entropy
 from attn_jax.train._metrics import MetricsLogger, ProgressLine, format_duration, read_metrics
-from attn_jax.train._optim import OptimizerConfig, make_optimizer, make_schedule
+from attn_jax.train._optim import OptimizerConfig, ema_decay_at, make_optimizer, make_schedule
 from attn_jax.train._sharded import (
     abstract_sharded_state,
+    make_sharded_accumulation,
     make_sharded_train_step,
     model_param_shardings,
     shard_train_state,
@@ -76,16 +77,21 @@ from attn_jax.train._sharded import (
 )
 from attn_jax.train._step import (
     EvalMetrics,
+    GradSums,
     StepConfig,
     TrainMetrics,
     TrainState,
+    accumulate_grads,
+    accumulated_train_step,
     all_finite,
+    apply_grad_sums,
     build_module,
     eval_step,
     init_params,
     init_train_state,
     param_count,
     train_step,
+    zero_grad_sums,
 )
 from attn_jax.train._tensorboard import EventWriter
 from attn_jax.train._validation import TranslationScores, TranslationValidator
@@ -101,6 +107,7 @@ __all__ = [
     "data_state",
     "restore_data_state",
     "abstract_sharded_state",
+    "make_sharded_accumulation",
     "make_sharded_train_step",
     "model_param_shardings",
     "shard_train_state",
@@ -115,6 +122,7 @@ __all__ = [
     "ConfigError",
     "EarlyStopping",
     "EvalMetrics",
+    "GradSums",
     "HostAllocator",
     "EventWriter",
     "Inputs",
@@ -132,7 +140,10 @@ __all__ = [
     "TrainState",
     "TrainingDiverged",
     "WorkdirError",
+    "accumulate_grads",
+    "accumulated_train_step",
     "all_finite",
+    "apply_grad_sums",
     "apply_overrides",
     "alignment_loss",
     "alignment_loss_sums",
@@ -145,6 +156,7 @@ __all__ = [
     "default_config",
     "describe_split",
     "early_stopping_update",
+    "ema_decay_at",
     "eval_step",
     "evaluate",
     "flatten_config",
@@ -180,4 +192,5 @@ __all__ = [
     "TranslationScores",
     "TranslationValidator",
     "tune_host_allocator",
+    "zero_grad_sums",
 ]

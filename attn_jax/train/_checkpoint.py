@@ -264,16 +264,25 @@ class CheckpointManager:
         """Restore step ``step``; with ``abstract_state`` (``jax.eval_shape`` of a state, or
         :func:`attn_jax.train.abstract_sharded_state`) into its exact pytree type (dataclasses, optax named
         tuples) and shardings, else as nested dicts of arrays on the first local device (whatever mesh wrote
-        them)."""
+        them).
+
+        A dataclass target's optional fields follow the checkpoint: a field the checkpoint does not hold
+        (written before the field existed, or with it off: ``TrainState.ema_params``) comes back ``None``,
+        and one the checkpoint holds but the target leaves ``None`` is read and dropped.
+        """
+        rebuild = None
         if abstract_state is None:
             abstract_state = self._on_one_device(step)
+        elif dataclasses.is_dataclass(abstract_state):
+            abstract_state, rebuild = _fit_fields(abstract_state, self._saved_tree(step))
         args = ocp.args.Composite(
             state=ocp.args.StandardRestore(abstract_state),
             data=ocp.args.JsonRestore(),
             config=ocp.args.JsonRestore(),
         )
         out = self._manager.restore(step, args=args)
-        return Restored(step=step, state=out["state"], data=out["data"], config=out["config"])
+        state = out["state"] if rebuild is None else rebuild(out["state"])
+        return Restored(step=step, state=state, data=out["data"], config=out["config"])
 
     def restore_first(
         self, steps: Iterable[int], abstract_state: Any | None = None
@@ -318,13 +327,12 @@ class CheckpointManager:
         orbax would otherwise restore each array onto the shardings it was saved with, which fails when the
         checkpoint was written on a mesh of other devices (another process count or topology).
         """
+        return _on_first_device(self._saved_tree(step))
+
+    def _saved_tree(self, step: int):
+        """The saved state's tree of ``ArrayMetadata`` (nested dicts), read from its metadata only."""
         metadata = ocp.StandardCheckpointHandler().metadata(epath.Path(self.directory) / str(step) / "state")
-        device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
-        return jax.tree.map(
-            lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device),
-            getattr(metadata, "tree", metadata),
-            is_leaf=lambda x: isinstance(x, ocp_metadata.ArrayMetadata),
-        )
+        return getattr(metadata, "tree", metadata)
 
     def wait(self) -> None:
         """Block until every pending (async) save has been finalised.
@@ -370,6 +378,45 @@ class CheckpointManager:
                 Exception
             ):  # a failed save was reported by wait(); orbax would raise it again
                 self._manager.close()
+
+
+def _on_first_device(tree):
+    """``ShapeDtypeStruct``s on the first local device for a tree of orbax ``ArrayMetadata``."""
+    device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+    return jax.tree.map(
+        lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device),
+        tree,
+        is_leaf=lambda x: isinstance(x, ocp_metadata.ArrayMetadata),
+    )
+
+
+def _fit_fields(target, saved):
+    """``(restore target, rebuild)`` for a dataclass ``target`` whose fields the ``saved`` tree may not match.
+
+    ``rebuild`` is None when they match. Otherwise the target is a dict of the saved fields: those the
+    target wants restore into its shardings, the others onto the first device (``None`` stays ``None``);
+    ``rebuild`` turns the restored dict into ``target``'s type, ``None`` where the target or the checkpoint
+    has no value.
+    """
+    names = [f.name for f in dataclasses.fields(target)]
+    if not isinstance(saved, dict):
+        return target, None
+    wanted = {n: getattr(target, n) for n in names}
+    if set(saved) == set(names) and all((saved[n] is None) == (wanted[n] is None) for n in names):
+        return target, None
+    partial = {}
+    for name, value in saved.items():
+        if value is None:
+            partial[name] = None
+        elif wanted.get(name) is not None:
+            partial[name] = wanted[name]
+        else:
+            partial[name] = _on_first_device(value)  # read, then dropped: the target has no use for it
+
+    def rebuild(restored: dict):
+        return type(target)(**{n: restored.get(n) if wanted[n] is not None else None for n in names})
+
+    return partial, rebuild
 
 
 class _NotUnretrieved(logging.Filter):

@@ -669,6 +669,11 @@ def check_config(config: ml_collections.ConfigDict) -> None:
         )
     batch_configs(config)
     optimizer_config(config)
+    if config.optimizer.accumulate > 1 and config.lambda_align > 0:
+        raise ConfigError(
+            f"optimizer.accumulate={config.optimizer.accumulate} cannot be used with lambda_align > 0 (the "
+            "guided-alignment loss has its own normaliser, summed over micro-batches it is not exact)"
+        )
     model_config(config, src_vocab=8, tgt_vocab=8)
     _check_parallel(config)
     _check_validation(config)

@@ -1,11 +1,13 @@
 """The training loop: ``train_and_evaluate(config, workdir)``.
 
 One loop for every experiment (an experiment is a config). Per update: one jitted :func:`train_step` on the
-next batch; every ``log_every`` updates a train record (token-level loss, perplexity, per-sentence NLL,
-gradient norm, learning rate, tokens/s); every ``eval_every`` a pass over the validation batches (loss,
-perplexity, attention diagnostics) and, with ``validation.bleu``, a translation of the validation split scored
-with BLEU and chrF (:mod:`attn_jax.train._validation`); every ``checkpoint_every`` an orbax checkpoint (train
-state, iterator position, config); validation and a checkpoint also at the last step.
+next batch (with ``optimizer.accumulate = k``: the gradient sums of the next k batches, then one update:
+:func:`attn_jax.train.accumulated_train_step`); every ``log_every`` updates a train record (token-level loss,
+perplexity, per-sentence NLL, gradient norm, learning rate, tokens/s); every ``eval_every`` a pass over the
+validation batches (loss, perplexity, attention diagnostics) and, with ``validation.bleu``, a translation of the
+validation split scored with BLEU and chrF (:mod:`attn_jax.train._validation`), both with the moving average of
+the weights when ``optimizer.ema_decay > 0``; every ``checkpoint_every`` an orbax checkpoint (train state,
+iterator position, config); validation and a checkpoint also at the last step.
 
 The best checkpoint is the best by ``checkpoint.best_metric`` (``nll``, ``bleu`` or ``chrf``).
 ``early_stopping.patience = N`` stops the run after N validations without improvement of that metric by more
@@ -97,6 +99,7 @@ from attn_jax.train._lock import lock_run
 from attn_jax.train._metrics import MetricsLogger, format_duration
 from attn_jax.train._sharded import (
     abstract_sharded_state,
+    make_sharded_accumulation,
     make_sharded_train_step,
     train_state_shardings,
 )
@@ -105,6 +108,7 @@ from attn_jax.train._step import (
     StepConfig,
     TrainState,
     _graphdef,
+    accumulated_train_step,
     all_finite,
     eval_step,
     init_train_state,
@@ -438,6 +442,9 @@ class _OneDevice:
     def train_step(self, state: TrainState, batch: Batch):
         return train_step(state, batch, self.step_cfg)
 
+    def accumulated_step(self, state: TrainState, batches: Iterable[Batch]):
+        return accumulated_train_step(state, batches, self.step_cfg)
+
     def eval_step(self, params: dict, batch: Batch) -> EvalMetrics:
         return eval_step(params, batch, self.step_cfg)
 
@@ -530,6 +537,8 @@ class _Mesh:
         metrics = replicated(self.mesh)
         self._init = jax.jit(functools.partial(init_train_state, step_cfg), out_shardings=self.shardings)
         self._train = make_sharded_train_step(step_cfg, self.mesh, rules, strict=strict)
+        if step_cfg.optimizer.accumulate > 1:
+            self._accumulation = make_sharded_accumulation(step_cfg, self.mesh, rules, strict=strict)
         self._eval = jax.jit(
             lambda params, batch: eval_step(params, batch, step_cfg),
             in_shardings=(self.shardings.params, self.batch_sharding),
@@ -562,6 +571,13 @@ class _Mesh:
 
     def train_step(self, state: TrainState, batch: Batch):
         return self._train(state, batch)
+
+    def accumulated_step(self, state: TrainState, batches: Iterable[Batch]):
+        zero, add, apply = self._accumulation
+        sums = zero(state.params)
+        for batch in batches:
+            sums = add(sums, state, batch)
+        return apply(state, sums)
 
     def eval_step(self, params: dict, batch: Batch) -> EvalMetrics:
         return self._eval(params, batch)
@@ -680,7 +696,7 @@ def train_and_evaluate(
             f"{m.src_vocab:,} / {m.tgt_vocab:,}, compute {getattr(m, 'dtype', 'float32')}; optimizer {step_cfg.optimizer.name}; "
             f"training batches in {len(inputs.train.plan.shapes)} shape(s) {inputs.train.plan.shapes}"
         )
-        for line in _data_lines(config, inputs):
+        for line in _data_lines(config, inputs) + _optimizer_lines(step_cfg):
             logger.log(line)
         if lead:
             _write_data_report(workdir, inputs)
@@ -746,6 +762,22 @@ def _data_lines(config: ml_collections.ConfigDict, inputs) -> list[str]:
     return lines
 
 
+def _optimizer_lines(step_cfg: StepConfig) -> list[str]:
+    """Start-up lines on gradient accumulation and the moving average of the weights, when they are on."""
+    o, lines = step_cfg.optimizer, []
+    if o.accumulate > 1:
+        lines.append(
+            f"optimizer: each update accumulates {o.accumulate} batches (micro-batches), its loss normalised "
+            "by the target tokens of all of them (optimizer.accumulate)"
+        )
+    if o.ema_decay > 0:
+        lines.append(
+            f"optimizer: a moving average of the weights with decay min({o.ema_decay}, (1+t)/(10+t)) after "
+            "update t; validation uses it (optimizer.ema_decay; translate/evaluate --weights ema)"
+        )
+    return lines
+
+
 def _write_data_report(workdir: str, inputs) -> None:
     """``data.json``: every split's pairs read, kept and dropped by reason (the start-up lines, for programs)."""
     report = {}
@@ -804,12 +836,18 @@ def _train(config, config_dict, place, inputs, ckpt, logger, latest) -> TrainRes
             logger.log(f"note: config differs from checkpoint {latest} in {', '.join(changed)}")
         start = int(state.step)
         logger.log(f"resumed from step {start} ({ckpt.directory})")
+        if step_cfg.optimizer.ema_decay > 0 and state.ema_params is None:
+            state = state.replace(ema_params=jax.tree.map(jnp.copy, state.params))
+            logger.log(
+                f"note: checkpoint {latest} holds no moving average of the weights: it starts from the "
+                f"parameters of step {start} (optimizer.ema_decay={step_cfg.optimizer.ema_decay})"
+            )
         if patience and stopping.bad >= patience:
             logger.log(f"nothing to do: {_stop_line(stopping, config, start)}")
             return TrainResult(start, state, None, None, ckpt.best_step(), ckpt.directory, True, stopping)
     logger.truncate_after(start)
 
-    step, window = start, _Window()
+    step, window, accumulate = start, _Window(), step_cfg.optimizer.accumulate
     last_train = last_val = None
     batches_per_epoch = inputs.train.plan.batches_per_epoch
     run_start = time.monotonic()
@@ -820,10 +858,13 @@ def _train(config, config_dict, place, inputs, ckpt, logger, latest) -> TrainRes
     while step < total:
         ckpt.poll()  # a failed background save (a full disk) stops the run now, not at the next save
         tic = time.monotonic()
-        batch = place.batch(next(inputs.train))
         if config.debug.inject_nan_at_step == step + 1:
             state = state.replace(params=jax.tree.map(lambda p: p * jnp.nan, state.params))
-        state, metrics = place.train_step(state, batch)
+        if accumulate == 1:
+            state, metrics = place.train_step(state, place.batch(next(inputs.train)))
+        else:  # the iterator's position counts micro-batches, so resumption stays exact
+            micro = (place.batch(next(inputs.train)) for _ in range(accumulate))
+            state, metrics = place.accumulated_step(state, micro)
         step += 1
         m = jax.device_get(metrics)
         loss, grad_norm = _sum(m.loss, m.coverage), float(m.grad_norm)
@@ -843,7 +884,7 @@ def _train(config, config_dict, place, inputs, ckpt, logger, latest) -> TrainRes
         logger.progress(step, loss["loss"] / max(loss["tokens"], 1.0), window.tokens_per_s, eta)
 
         if step % config.log_every == 0 or step == total:
-            last_train = window.record(float(m.learning_rate), step / batches_per_epoch)
+            last_train = window.record(float(m.learning_rate), step * accumulate / batches_per_epoch)
             logger.write("train", step, {**last_train, "elapsed_s": elapsed})
             # On a terminal too: the line is printed above the bar, so the loss history stays on screen.
             logger.log(
@@ -857,12 +898,14 @@ def _train(config, config_dict, place, inputs, ckpt, logger, latest) -> TrainRes
         val, tic, stop = None, time.monotonic(), False
         if validating and (step % config.eval_every == 0 or step == total):
             batches = (place.batch(b) for b in inputs.validation)
-            val = evaluate(state.params, batches, step_cfg, step=place.eval_step)
+            ema = state.ema_params is not None  # validation measures the moving average when there is one
+            weights = state.ema_params if ema else state.params
+            val = evaluate(weights, batches, step_cfg, step=place.eval_step)
             if validator is not None:
-                params = place.decode_params(state.params)
+                params = place.decode_params(weights)
                 val.update(_translate_validation(validator, params, step, validation_dir, logger))
             logger.write("validation", step, val)
-            logger.log(_validation_line(step, val))
+            logger.log(_validation_line(step, val) + (" | EMA weights" if ema else ""))
             last_val = val
             stopping = early_stopping_update(
                 stopping, val[BEST_METRICS[best_metric][0]], step, min_delta=config.early_stopping.min_delta

@@ -16,7 +16,7 @@ from typing import Literal
 import jax.numpy as jnp
 import optax
 
-__all__ = ["DECAYS", "OPTIMIZERS", "OptimizerConfig", "make_optimizer", "make_schedule"]
+__all__ = ["DECAYS", "OPTIMIZERS", "OptimizerConfig", "ema_decay_at", "make_optimizer", "make_schedule"]
 
 OPTIMIZERS: tuple[str, ...] = ("adadelta", "adam")
 DECAYS: tuple[str, ...] = ("constant", "cosine", "linear", "rsqrt")
@@ -45,6 +45,10 @@ class OptimizerConfig:
         rate holds at ``learning_rate`` (warm-up, stable, decay: anneal only the last updates). 0: the decay
         begins when warm-up ends.
       final_lr_fraction: learning rate at the end of a cosine/linear decay, as a fraction of the peak.
+      accumulate: micro-batches per update (gradient accumulation). The update's gradient is that of
+        ``Σ loss / Σ tokens`` over all of them, as for one batch holding their rows. 1: one batch per update.
+      ema_decay: decay ``β`` of an exponential moving average of the parameters, kept beside them
+        (:func:`ema_decay_at`); 0 keeps none.
     """
 
     name: Literal["adadelta", "adam"] = "adadelta"
@@ -60,6 +64,8 @@ class OptimizerConfig:
     decay_steps: int = 0
     decay_start: int = 0
     final_lr_fraction: float = 0.0
+    accumulate: int = 1
+    ema_decay: float = 0.0
 
     def __post_init__(self):
         if self.name not in OPTIMIZERS:
@@ -82,6 +88,10 @@ class OptimizerConfig:
             value = getattr(self, field)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"optimizer.{field} must be an int >= 0, got {value!r}")
+        if isinstance(self.accumulate, bool) or not isinstance(self.accumulate, int) or self.accumulate < 1:
+            raise ValueError(f"optimizer.accumulate must be an int >= 1, got {self.accumulate!r}")
+        if not 0.0 <= self.ema_decay < 1.0:
+            raise ValueError(f"optimizer.ema_decay must be in [0, 1) (0 disables it), got {self.ema_decay!r}")
         if not 0.0 <= self.final_lr_fraction <= 1.0:
             raise ValueError(f"optimizer.final_lr_fraction must be in [0, 1], got {self.final_lr_fraction!r}")
         if self.decay in ("cosine", "linear") and self.decay_steps <= max(
@@ -126,6 +136,19 @@ def make_schedule(config: OptimizerConfig) -> optax.Schedule:
     if warm == 0:
         return decay
     return optax.join_schedules([optax.linear_schedule(0.0, lr, warm), decay], [warm])
+
+
+def ema_decay_at(ema_decay: float, step):
+    """The decay applied by the ``step``-th update (1, 2, ...) to the moving average of the weights.
+
+    ``β_t = min(β, (1 + t) / (10 + t))``, the warm-up of TensorFlow's ``ExponentialMovingAverage`` with
+    ``num_updates``: early averages forget the random initialisation fast, later ones decay at ``β``. After
+    update ``t``, ``ema_t = β_t · ema_{t-1} + (1 - β_t) · θ_t`` with ``ema_0 = θ_0``.
+
+    >>> [round(float(ema_decay_at(0.999, t)), 4) for t in (1, 8, 10_000)]
+    [0.1818, 0.5, 0.999]
+    """
+    return jnp.minimum(ema_decay, (1.0 + step) / (10.0 + step))
 
 
 def make_optimizer(config: OptimizerConfig) -> optax.GradientTransformation:

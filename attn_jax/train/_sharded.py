@@ -15,7 +15,8 @@ activations and all-reduces of partial sums under tensor parallelism. The old st
     state, metrics = step(state, batch)
 
 A checkpoint written under one mesh restores onto another through :func:`abstract_sharded_state` (orbax reads
-each array straight into the target shardings).
+each array straight into the target shardings). Gradient accumulation (``optimizer.accumulate``) has its own three
+programs, :func:`make_sharded_accumulation`, with the gradient sums laid out like the parameters.
 """
 
 from __future__ import annotations
@@ -31,11 +32,13 @@ from jax.sharding import Mesh, NamedSharding
 from attn_jax.models import ModelConfig, build_model
 from attn_jax.parallel import DEFAULT_RULES, Rules, batch_sharding, param_shardings, replicated
 from attn_jax.train import _step
+from attn_jax.train._loss import LossSums
 from attn_jax.train._optim import make_optimizer
-from attn_jax.train._step import StepConfig, TrainMetrics, TrainState
+from attn_jax.train._step import GradSums, StepConfig, TrainMetrics, TrainState
 
 __all__ = [
     "abstract_sharded_state",
+    "make_sharded_accumulation",
     "make_sharded_train_step",
     "model_param_shardings",
     "shard_train_state",
@@ -60,7 +63,8 @@ def train_state_shardings(
     config: StepConfig, mesh: Mesh, rules: Rules = DEFAULT_RULES, *, strict: bool = False
 ) -> TrainState:
     """A :class:`TrainState` of ``NamedSharding``s: parameters by the rules, each optimiser moment like its
-    parameter (``optax.tree_map_params``), every other leaf (step, counts, the PRNG key) replicated."""
+    parameter (``optax.tree_map_params``), the moving average (if any) like the parameters, every other leaf
+    (step, counts, the PRNG key) replicated."""
     hashable = tuple((name, tuple(axes) if isinstance(axes, list) else axes) for name, axes in rules)
     return _state_shardings(config, mesh, hashable, strict)
 
@@ -77,7 +81,10 @@ def _state_shardings(config: StepConfig, mesh: Mesh, rules: Rules, strict: bool)
         transform_non_params=lambda _: replicated(mesh),
         is_leaf=lambda x: isinstance(x, NamedSharding),
     )
-    return TrainState(step=replicated(mesh), params=params, opt_state=opt_state, rng=replicated(mesh))
+    ema = params if config.optimizer.ema_decay > 0 else None
+    return TrainState(
+        step=replicated(mesh), params=params, opt_state=opt_state, rng=replicated(mesh), ema_params=ema
+    )
 
 
 def shard_train_state(
@@ -140,3 +147,44 @@ def make_sharded_train_step(
         out_shardings=(state_shardings, metrics_sharding),
         donate_argnums=0,
     )
+
+
+def make_sharded_accumulation(
+    config: StepConfig, mesh: Mesh, rules: Rules = DEFAULT_RULES, *, strict: bool = False
+):
+    """``(zero, add, apply)``: :func:`~attn_jax.train.zero_grad_sums`, :func:`~attn_jax.train.accumulate_grads`
+    and :func:`~attn_jax.train.apply_grad_sums` compiled for ``mesh`` (gradient accumulation).
+
+    The gradient sums are laid out like the parameters and donated from one micro-batch to the next; the
+    state as :func:`train_state_shardings` says; every batch split over ``data`` as in
+    :func:`make_sharded_train_step`. ``zero(params)``, ``add(sums, state, batch)``, ``apply(state, sums)``.
+    """
+    state_shardings = train_state_shardings(config, mesh, rules, strict=strict)
+    rep = replicated(mesh)
+    sums_shardings = GradSums(
+        grads=state_shardings.params, loss=LossSums(rep, rep, rep, rep), coverage=rep, count=rep
+    )
+    _step._graphdef(config.model)  # outside any mesh context, as in make_sharded_train_step
+
+    def add(sums, state, batch):
+        with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+            return _step.accumulate_grads(sums, state, batch, config)
+
+    def apply(state, sums):
+        with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+            return _step.apply_grad_sums(state, sums, config)
+
+    zero = jax.jit(_step.zero_grad_sums, in_shardings=(state_shardings.params,), out_shardings=sums_shardings)
+    add = jax.jit(
+        add,
+        in_shardings=(sums_shardings, state_shardings, batch_sharding(mesh, rules)),
+        out_shardings=sums_shardings,
+        donate_argnums=0,
+    )
+    apply = jax.jit(
+        apply,
+        in_shardings=(state_shardings, sums_shardings),
+        out_shardings=(state_shardings, rep),
+        donate_argnums=0,
+    )
+    return zero, add, apply

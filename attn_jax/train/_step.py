@@ -26,21 +26,26 @@ from attn_jax.train._align import AlignmentSums, alignment_loss_sums
 from attn_jax.train._coverage import coverage_loss
 from attn_jax.train._diagnostics import AttentionStats, attention_stats
 from attn_jax.train._loss import LossSums, loss_sums
-from attn_jax.train._optim import OptimizerConfig, make_optimizer, make_schedule
+from attn_jax.train._optim import OptimizerConfig, ema_decay_at, make_optimizer, make_schedule
 from attn_jax.typing import Array, Float, Int
 
 __all__ = [
     "EvalMetrics",
+    "GradSums",
     "StepConfig",
     "TrainMetrics",
     "TrainState",
+    "accumulate_grads",
+    "accumulated_train_step",
     "all_finite",
+    "apply_grad_sums",
     "build_module",
     "eval_step",
     "init_params",
     "init_train_state",
     "param_count",
     "train_step",
+    "zero_grad_sums",
 ]
 
 
@@ -79,12 +84,16 @@ class TrainState:
       opt_state: the optax state (moments and the schedule's count).
       rng: uint32 ``[2]``, key data of the run's base PRNG key; step ``t`` uses ``fold_in(key, t)``, so the
         randomness of a step depends on the seed and the step only (resumption is exact).
+      ema_params: the moving average of ``params`` (:func:`attn_jax.train.ema_decay_at`), structured like
+        them; ``None`` when ``optimizer.ema_decay`` is 0 (a ``None`` field holds no leaves, so such a state,
+        its checkpoints and its compiled steps are those of a run without the field).
     """
 
     step: Int[Array, ""]
     params: dict
     opt_state: optax.OptState
     rng: jax.Array
+    ema_params: dict | None = None
 
 
 class TrainMetrics(NamedTuple):
@@ -97,6 +106,23 @@ class TrainMetrics(NamedTuple):
     learning_rate: Float[Array, ""]
     coverage: Float[Array, ""] | None = None
     align: AlignmentSums | None = None
+
+
+class GradSums(NamedTuple):
+    """The running sums of one accumulated update (float32; :func:`accumulate_grads` adds a micro-batch).
+
+    Attributes:
+      grads: ``Σ ∂(Σ loss)/∂θ`` over the micro-batches so far: the gradients of the summed, unnormalised loss.
+      loss: the micro-batches' :class:`LossSums`, added.
+      coverage: the unweighted coverage-loss sum (0 unless ``lambda_coverage > 0``).
+      count: micro-batches added; micro-batch ``i`` of update ``t`` draws dropout from
+        ``fold_in(fold_in(key, t), i)``.
+    """
+
+    grads: dict
+    loss: LossSums
+    coverage: Float[Array, ""]
+    count: Int[Array, ""]
 
 
 class EvalMetrics(NamedTuple):
@@ -146,8 +172,13 @@ def init_train_state(config: StepConfig, seed: Int[Array, ""]) -> TrainState:
     init_key, run_key = jax.random.split(jax.random.key(seed))
     params = init_params(config.model, init_key)
     opt_state = make_optimizer(config.optimizer).init(params)
+    ema = jax.tree.map(jnp.copy, params) if config.optimizer.ema_decay > 0 else None
     return TrainState(
-        step=jnp.zeros((), jnp.int32), params=params, opt_state=opt_state, rng=jax.random.key_data(run_key)
+        step=jnp.zeros((), jnp.int32),
+        params=params,
+        opt_state=opt_state,
+        rng=jax.random.key_data(run_key),
+        ema_params=ema,
     )
 
 
@@ -237,9 +268,6 @@ def train_step(state: TrainState, batch: Batch, config: StepConfig) -> tuple[Tra
         return value, (sums, coverage, align)
 
     (_, (sums, coverage, align)), grads = jax.value_and_grad(objective, has_aux=True)(state.params)
-    tx = make_optimizer(config.optimizer)
-    updates, opt_state = tx.update(grads, state.opt_state, state.params)
-    params = optax.apply_updates(state.params, updates)
     metrics = TrainMetrics(
         loss=sums,
         grad_norm=optax.tree.norm(grads),
@@ -247,7 +275,92 @@ def train_step(state: TrainState, batch: Batch, config: StepConfig) -> tuple[Tra
         coverage=coverage,
         align=align,
     )
-    return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics
+    return _update(state, grads, config), metrics
+
+
+def _update(state: TrainState, grads: dict, config: StepConfig) -> TrainState:
+    """``state`` after the optimiser's update with ``grads`` (and the moving average's, when there is one)."""
+    tx = make_optimizer(config.optimizer)
+    updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    step = state.step + 1
+    ema = state.ema_params
+    if config.optimizer.ema_decay > 0:  # static: without it the program is the plain update
+        if ema is None:
+            raise ValueError("optimizer.ema_decay > 0 needs a TrainState with ema_params (init_train_state)")
+        decay = ema_decay_at(config.optimizer.ema_decay, step.astype(jnp.float32))
+        ema = optax.incremental_update(params, ema, 1.0 - decay)  # β·ema + (1 - β)·θ
+    return state.replace(step=step, params=params, opt_state=opt_state, ema_params=ema)
+
+
+@jax.jit
+def zero_grad_sums(params: dict) -> GradSums:
+    """Empty :class:`GradSums` for ``params``: the start of an accumulated update."""
+    zero = jnp.zeros((), jnp.float32)
+    return GradSums(
+        grads=jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params),
+        loss=LossSums(zero, zero, zero, zero),
+        coverage=zero,
+        count=jnp.zeros((), jnp.int32),
+    )
+
+
+@functools.partial(jax.jit, static_argnames="config", donate_argnames="sums")
+def accumulate_grads(sums: GradSums, state: TrainState, batch: Batch, config: StepConfig) -> GradSums:
+    """``sums`` plus one micro-batch: the gradient of its summed loss ``Σ loss`` (not divided by its tokens).
+
+    Compiled memory is that of one micro-batch (its activations) plus the float32 sums, which are donated
+    and updated in place. :func:`apply_grad_sums` divides by the tokens of all micro-batches together.
+    """
+    if config.lambda_align > 0:  # its loss is normalised per supervised word: a second normaliser
+        raise ValueError("optimizer.accumulate > 1 does not support lambda_align > 0")
+    dropout_rng = None
+    if getattr(config.model, "dropout", 0.0) > 0:
+        step_key = jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step)
+        dropout_rng = jax.random.fold_in(step_key, sums.count)
+
+    def objective(params):
+        loss, coverage, *_ = _forward(config, params, batch, dropout_rng, state.step)
+        return loss.loss, (loss, coverage)
+
+    (_, (loss, coverage)), grads = jax.value_and_grad(objective, has_aux=True)(state.params)
+    return GradSums(
+        grads=jax.tree.map(jnp.add, sums.grads, grads),
+        loss=LossSums(*(a + b for a, b in zip(sums.loss, loss, strict=True))),
+        coverage=sums.coverage + (0.0 if coverage is None else coverage),
+        count=sums.count + 1,
+    )
+
+
+@functools.partial(jax.jit, static_argnames="config", donate_argnames="state")
+def apply_grad_sums(state: TrainState, sums: GradSums, config: StepConfig) -> tuple[TrainState, TrainMetrics]:
+    """One update from accumulated micro-batches: the gradient ``Σ grads / Σ tokens``, then the optimiser.
+
+    That is the gradient of ``Σ loss / Σ tokens`` over all the micro-batches' real target tokens, the
+    objective :func:`train_step` computes for one batch holding all their rows.
+    """
+    grads = jax.tree.map(lambda g: g / jnp.maximum(sums.loss.tokens, 1.0), sums.grads)
+    metrics = TrainMetrics(
+        loss=sums.loss,
+        grad_norm=optax.tree.norm(grads),
+        learning_rate=jnp.asarray(make_schedule(config.optimizer)(state.step), jnp.float32),
+        coverage=sums.coverage if config.lambda_coverage > 0 else None,
+    )
+    return _update(state, grads, config), metrics
+
+
+def accumulated_train_step(state: TrainState, batches, config: StepConfig) -> tuple[TrainState, TrainMetrics]:
+    """One update from the micro-batches ``batches`` (an iterable; their shapes may differ).
+
+    :func:`zero_grad_sums`, :func:`accumulate_grads` per micro-batch, :func:`apply_grad_sums`. Each
+    micro-batch shape compiles :func:`accumulate_grads` once. With dropout off, the update equals
+    :func:`train_step` on one batch holding all the micro-batches' rows, up to float32 rounding.
+    ``state``'s buffers are donated.
+    """
+    sums = zero_grad_sums(state.params)
+    for batch in batches:
+        sums = accumulate_grads(sums, state, batch, config)
+    return apply_grad_sums(state, sums, config)
 
 
 @functools.partial(jax.jit, static_argnames="config")
