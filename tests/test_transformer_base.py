@@ -3,6 +3,7 @@
 
 import dataclasses
 import io
+import json
 import math
 import os
 import pathlib
@@ -11,10 +12,14 @@ import jax
 import numpy as np
 from flax import nnx
 
+from attn_jax.data import load_vocabularies
 from attn_jax.models.transformer import Transformer, TransformerConfig
+from attn_jax.pipeline import load_model, translate_sentences
 from attn_jax.train import (
     apply_overrides,
+    average_checkpoints,
     check_config,
+    last_steps,
     load_checkpoint,
     load_config,
     make_schedule,
@@ -22,6 +27,7 @@ from attn_jax.train import (
     optimizer_config,
     read_metrics,
     train_and_evaluate,
+    write_averaged_run,
 )
 
 PRESET = pathlib.Path(__file__).resolve().parents[1] / "configs" / "transformer_base.py"
@@ -94,7 +100,22 @@ def test_full_preset_has_the_papers_settings():
     assert untied_count == _parameter_count_by_hand(512, 2048, 6, 6, vocab, vocab)
 
 
+def _expected_stop(bleus: list[tuple[int, float]], patience: int, total: int) -> int:
+    """Where Keras-style early stopping (min_delta 0, higher is better) ends a run, worked out from the log."""
+    best, bad = None, 0
+    for step, bleu in bleus:
+        if best is None or bleu > best:
+            best, bad = bleu, 0
+        else:
+            bad += 1
+        if bad >= patience:
+            return step
+    return total
+
+
 def test_smoke_variant_trains_through_the_trainer(tmp_path):
+    """The paper's settings shrunk: joint vocabulary, token batches, accumulation, BLEU validation, early
+    stopping, then the last checkpoints averaged and translated."""
     config = load_config(f"{PRESET}:smoke")
     full = load_config(str(PRESET))
     for key in ("arch", "heads", "norm", "positions", "share_embeddings", "dropout"):
@@ -102,22 +123,48 @@ def test_smoke_variant_trains_through_the_trainer(tmp_path):
     assert config.optimizer.to_dict() == {**full.optimizer.to_dict(), "warmup_steps": 0, "accumulate": 2}
     assert config.data.corpus == "synthetic" and config.data.vocab == "word" and config.data.joint_vocab
     assert config.data.batch_tokens == 16 * 16  # token batches, shrunk to the sentence smoke's one shape
-    # a few of its updates, evaluated and checkpointed once (the full 30 take longer than this test may)
+    assert config.validation.bleu and config.checkpoint.best_metric == "bleu" == full.checkpoint.best_metric
+    assert config.early_stopping.patience == 2
+    # validation and a checkpoint every 2 updates, so early stopping has validations to count
+    total = 10
     config = apply_overrides(
         config,
-        ["num_train_steps=6", "log_every=3", "eval_every=6", "checkpoint_every=6", "tensorboard=False"],
+        [
+            f"num_train_steps={total}",
+            "log_every=2",
+            "eval_every=2",
+            "checkpoint_every=2",
+            "tensorboard=False",
+        ],
     )
     out = io.StringIO()
     result = train_and_evaluate(config, str(tmp_path), stream=out, tty=False)
-    assert result.step == 6
     records = list(read_metrics(os.path.join(tmp_path, "metrics.jsonl")))
     train = [r for r in records if r["split"] == "train"]
-    assert [r["step"] for r in train] == [3, 6]
     assert all(np.isfinite(r["loss"]) for r in train)
     assert (
         train[-1]["loss"] < train[0]["loss"]
-    )  # Adam at the paper's peak rate moves the loss within 6 updates
+    )  # Adam at the paper's peak rate moves the loss within a few updates
     validation = [r for r in records if r["split"] == "validation"]
-    assert [r["step"] for r in validation] == [6] and np.isfinite(validation[0]["loss"])
+    assert all(np.isfinite(r["loss"]) and 0 <= r["bleu"] <= 100 and 0 <= r["chrf"] <= 100 for r in validation)
+    stop = _expected_stop([(r["step"], r["bleu"]) for r in validation], patience=2, total=total)
+    assert result.step == stop and result.stopped_early == (stop < total)
+    assert [r["step"] for r in validation] == list(range(2, stop + 1, 2))
     assert "each update accumulates 2 batches" in out.getvalue()
-    assert load_checkpoint(tmp_path, step=6).data["next_index"] == 12  # 6 updates of 2 micro-batches
+    assert load_checkpoint(tmp_path, step=stop).data["next_index"] == 2 * stop  # 2 micro-batches an update
+    # One vocabulary for both sides, and no batch over the token budget.
+    src_vocab, tgt_vocab = load_vocabularies(tmp_path / "vocab")
+    assert src_vocab == tgt_vocab
+    with open(tmp_path / "data.json", encoding="utf-8") as f:
+        buckets = json.load(f)["train_batches"]
+    assert buckets and all(b["rows"] * b["length"] <= 16 * 16 for b in buckets)
+    # The last two checkpoints averaged: the mean of their parameters, computed here in float64.
+    steps = last_steps(tmp_path, 2)
+    averaged = average_checkpoints(tmp_path, steps)
+    a, b = (load_checkpoint(tmp_path, step=s).state["params"] for s in steps)
+    mean = jax.tree.map(lambda x, y: (np.asarray(x, np.float64) + np.asarray(y, np.float64)) / 2, a, b)
+    jax.tree.map(lambda m, p: np.testing.assert_allclose(p, m, rtol=1e-6, atol=1e-7), mean, averaged.params)
+    run = write_averaged_run(tmp_path, tmp_path / "averaged", averaged)
+    loaded = load_model(run, "last")
+    [[hyp]] = translate_sentences(loaded, ["a b c"], beam_size=4)
+    assert isinstance(hyp.text, str)
