@@ -234,10 +234,18 @@ def run_evaluate(args: argparse.Namespace) -> int:
     )
     print(f"Summary:\n\n{ev.summary_markdown({r['system']: r['system_scores']})}")
     print(r["bleu_by_length_result"].overall)
+    for m in ("chrf", "ter"):
+        by_length = r[f"{m}_by_length"]
+        print(
+            f"{by_length['metric']} = {r[m]:.2f} ({r['num_sentences']} sentences; {by_length['signature']})"
+        )
     if r["system_scores"].aer is not None:
         print(r["system_scores"].aer)
     print(f"\nwritten to {os.path.dirname(r['files']['evaluation.json'])}/")
     if r["tensorboard"]:
         tb = r["tensorboard"]
-        print(f"TensorBoard: {len(tb['tags'])} images at step {tb['step']} in {tb['logdir']}/")
+        print(
+            f"TensorBoard: {len(tb['tags'])} images and {len(tb['scalars'])} scalars at step {tb['step']} "
+            f"in {tb['logdir']}/"
+        )
     return 0
