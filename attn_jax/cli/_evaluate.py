@@ -62,7 +62,7 @@ import math
 import os
 import sys
 
-from attn_jax.cli._translate import add_length_limit_flags, parse_checkpoint
+from attn_jax.cli._translate import add_length_limit_flags, add_repetition_flags, parse_checkpoint
 from attn_jax.pipeline import (
     TranslateError,
     bleu_flags_problem,
@@ -97,6 +97,7 @@ def add_evaluate_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--beam", type=int, default=12, metavar="K", help="beam size (default: %(default)s)")
     p.add_argument("--alpha", type=float, default=0.6, help="length-normalisation α (default: %(default)s)")
     p.add_argument("--beta", type=float, default=0.0, help="coverage-penalty β (default: %(default)s)")
+    add_repetition_flags(p)
     p.add_argument(
         "--max-examples",
         type=int,
@@ -213,6 +214,8 @@ def run_evaluate(args: argparse.Namespace) -> int:
             num_heatmaps=args.heatmaps,
             heatmap_sentences=args.heatmap_sentences,
             replace_unk=args.replace_unk,
+            no_repeat_ngram=args.no_repeat_ngram,
+            min_length=args.min_length,
             log=lambda *a: line.log(" ".join(str(x) for x in a)),
             max_length=args.max_length,
             max_length_ratio=args.max_length_ratio,

@@ -62,6 +62,8 @@ def evaluate_workdir(
     bleu_tokenize: str | None = None,
     detokenize: str = "none",
     detokenize_lang: str = "en",
+    no_repeat_ngram: int = 0,
+    min_length: int = 0,
 ) -> dict[str, Any]:
     """Evaluate a training run on one split: decode, BLEU overall / by length / No UNK, AER, heatmaps, tables.
 
@@ -95,6 +97,7 @@ def evaluate_workdir(
         corpus whose references look tokenised gets a warning (:func:`bleu_options`).
       detokenize, detokenize_lang: ``"moses"`` and a language detokenise hypotheses and references before BLEU
         (``attn_jax.eval.corpus_bleu``); ``"none"`` scores them as given.
+      no_repeat_ngram, min_length: repetition control in the search, as :func:`translate_sentences`'s.
 
     Returns:
       A dict: ``system``, ``workdir``, ``step``, ``checkpoint_note`` (None, or why another checkpoint than
@@ -137,6 +140,8 @@ def evaluate_workdir(
         "bleu_tokenize": bleu_tokenize,
         "detokenize": detokenize,
         "detokenize_lang": detokenize_lang,
+        "no_repeat_ngram": no_repeat_ngram,
+        "min_length": min_length,
         "heatmap_sentences": None if heatmap_sentences is None else [int(i) for i in heatmap_sentences],
     }
     timings: dict[str, float] = {}
@@ -174,6 +179,8 @@ def evaluate_workdir(
         batch_size=batch_size,
         limit=rule,
         replace_unk=replace_unk,
+        no_repeat_ngram=no_repeat_ngram,
+        min_length=min_length,
     )
     hypotheses = [t[0].text if t else "" for t in translations]
     timings["decode_s"] = time.perf_counter() - t0
