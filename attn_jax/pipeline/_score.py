@@ -95,6 +95,8 @@ def score_pairs(
     graphdef, state = nnx.split(loaded.model)
     out: list[ScoredPair | None] = [None] * len(sources)
     for chunk, width, rows in length_batches(lengths, batch_size):
+        if cap is not None:  # a learned position table has only cap rows; every pair fits in them (above)
+            width = min(width, cap)
         src, mask = pad_rows([src_ids[i] for i in chunk], width, rows, sv.eos_id, sv.pad_id)
         tgt_in = np.full((rows, width), tv.pad_id, np.int32)
         tgt_out = np.full((rows, width), tv.pad_id, np.int32)
