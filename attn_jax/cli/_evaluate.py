@@ -5,7 +5,7 @@
 
 Decodes the split with beam search (the run's best checkpoint), scores it with sacreBLEU (overall, per source
 length bucket 0-9 ... 60+ as in Bahdanau et al. 2015, Figure 2, and on the sentences without ``<unk>``,
-Table 1's "No UNK"), measures the alignment error rate of the attention against the corpus' gold alignments
+Table 1's "No UNK"; chrF and TER overall and by length too), measures the alignment error rate of the attention against the corpus' gold alignments
 (built-in corpus; overall and on the sentences within the training lengths), draws attention heatmaps chosen
 as the paper's Figure 3 is (the longest sentences within the training lengths that the model translates
 exactly, plus one beyond them as the failure case: :func:`figure3_examples`), prints the tables and writes
@@ -14,7 +14,8 @@ them to ``--out`` (default ``workdir/eval/<split>``):
     sources.txt  references.txt  hypotheses.txt     the sentences, line-aligned (BLEU can be recomputed)
     references.detok.txt  hypotheses.detok.txt     with --detokenize moses: the detokenised text BLEU scored
     alignments.txt                                  Pharaoh links from teacher-forced attention (AER's input)
-    bleu_by_length.{md,json}  summary.{md,json}     the tables (JSON: fractions, null for an empty bucket)
+    bleu_by_length.{md,json}  summary.{md,json}     the tables (JSON: fractions, null for an empty bucket;
+                                                    summary.json's <system>.chrf/.ter: chrF, TER by length)
     evaluation.json  evaluation.md                  everything: scores, options, checkpoint, timings, pictures
     bleu_by_length.png  attention_<k>.png  attention_<k>_reference.png  attention_<k>_head.png
 
