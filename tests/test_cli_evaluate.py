@@ -186,6 +186,8 @@ def test_cli_prints_tables_and_fails_in_one_line(evaluated, tmp_path, capsys):
     assert "| source length | sentences | RNNsearch |" in printed and "| 60+ |" in printed
     assert f"BLEU = {r['bleu']:.2f} (9 sentences; nrefs:1|" in printed
     assert "AER = " in printed and "BLEU (No UNK)" in printed
+    assert f"chrF = {r['chrf']:.2f} (9 sentences; nrefs:1|" in printed
+    assert f"TER = {r['ter']:.2f} (9 sentences; nrefs:1|" in printed
     assert _lines(out / "hypotheses.txt") == _lines(os.path.join(evaluated[1], "hypotheses.txt"))
 
     # --heatmap-sentences draws the sentences named (split indices), in that order, instead of the Figure 3 rule
@@ -222,3 +224,41 @@ def test_cli_prints_tables_and_fails_in_one_line(evaluated, tmp_path, capsys):
         assert status == 1 and len(lines) == 1 and lines[0].startswith("attn-jax evaluate: error: "), err
         assert fragment in lines[0]
     assert main(["evaluate", "--workdir", run, "--max-examples", "0"]) == 2
+
+
+def test_chrf_and_ter_agree_with_sacrebleu_overall_and_by_length(evaluated):
+    """summary.json, evaluation.json, the Markdown and the TensorBoard scalars hold sacreBLEU's own corpus chrF
+    and TER of the written hypotheses and references, overall and per source-length bucket."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    run, out, r = evaluated
+    hyps = _lines(os.path.join(out, "hypotheses.txt"))
+    refs = _lines(os.path.join(out, "references.txt"))
+    srcs = _lines(os.path.join(out, "sources.txt"))
+    metrics = {"chrf": sacrebleu.metrics.CHRF(), "ter": sacrebleu.metrics.TER()}
+    summary = json.load(open(os.path.join(out, "summary.json")))[r["system"]]
+    full = json.load(open(os.path.join(out, "evaluation.json")))
+    md = open(os.path.join(out, "evaluation.md")).read()
+    for name, metric in metrics.items():
+        want = metric.corpus_score(hyps, [refs]).score
+        assert r[name] == full[name] == pytest.approx(want, rel=1e-9, abs=1e-9)
+        assert summary[name]["score"] == pytest.approx(want, rel=1e-9, abs=1e-9)
+        assert summary[name]["signature"] == str(metric.get_signature())
+        for row in summary[name]["buckets"]:
+            hi = math.inf if row["high"] is None else row["high"]
+            keep = [i for i, s in enumerate(srcs) if row["low"] <= len(s.split()) < hi]
+            assert row["sentences"] == len(keep)
+            if keep:
+                sub = metric.corpus_score([hyps[i] for i in keep], [[refs[i] for i in keep]]).score
+                assert row["score"] == pytest.approx(sub, rel=1e-9, abs=1e-9), (name, row["bucket"])
+            else:
+                assert row["score"] is None
+        assert full[f"{name}_by_length"] == summary[name]
+    chrf, ter = r["chrf"], r["ter"]
+    assert f"| all | 9 | {chrf:.2f} | {ter:.2f} |" in md
+    assert f"| all | 9 | {chrf:.2f} | {ter:.2f} |" in open(os.path.join(out, "summary.md")).read()
+    acc = EventAccumulator(os.path.join(run, "tensorboard", "eval"), size_guidance={"scalars": 0})
+    acc.Reload()
+    for name, want in (("bleu", r["bleu"]), ("chrf", chrf), ("ter", ter)):
+        event = acc.Scalars(f"eval/test/{name}")[0]  # the fixture's; the CLI test evaluates again later
+        assert event.step == r["step"] and event.value == pytest.approx(want, rel=1e-6)

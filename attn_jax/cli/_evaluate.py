@@ -5,16 +5,18 @@
 
 Decodes the split with beam search (the run's best checkpoint; ``--weights ema``: its moving average of the
 weights), scores it with sacreBLEU (overall, per source length bucket 0-9 ... 60+ as in Bahdanau et al. 2015,
-Figure 2, and on the sentences without ``<unk>``, Table 1's "No UNK"), measures the alignment error rate of the
-attention against the corpus' gold alignments (built-in corpus; overall and on the sentences within the training
-lengths), draws attention heatmaps chosen as the paper's Figure 3 is (the longest sentences within the training
-lengths that the model translates exactly, plus one beyond them as the failure case: :func:`figure3_examples`),
-prints the tables and writes them to ``--out`` (default ``workdir/eval/<split>``):
+Figure 2, and on the sentences without ``<unk>``, Table 1's "No UNK"; chrF and TER overall and by length too),
+measures the alignment error rate of the attention against the corpus' gold alignments (built-in corpus; overall
+and on the sentences within the training lengths), draws attention heatmaps chosen as the paper's Figure 3 is
+(the longest sentences within the training lengths that the model translates exactly, plus one beyond them as the
+failure case: :func:`figure3_examples`), prints the tables and writes them to ``--out`` (default
+``workdir/eval/<split>``):
 
     sources.txt  references.txt  hypotheses.txt     the sentences, line-aligned (BLEU can be recomputed)
     references.detok.txt  hypotheses.detok.txt     with --detokenize moses: the detokenised text BLEU scored
     alignments.txt                                  Pharaoh links from teacher-forced attention (AER's input)
-    bleu_by_length.{md,json}  summary.{md,json}     the tables (JSON: fractions, null for an empty bucket)
+    bleu_by_length.{md,json}  summary.{md,json}     the tables (JSON: fractions, null for an empty bucket;
+                                                    summary.json's <system>.chrf/.ter: chrF, TER by length)
     evaluation.json  evaluation.md                  everything: scores, options, checkpoint, timings, pictures
     bleu_by_length.png  attention_<k>.png  attention_<k>_reference.png  attention_<k>_head.png
 
@@ -62,7 +64,7 @@ import math
 import os
 import sys
 
-from attn_jax.cli._translate import add_length_limit_flags, parse_checkpoint
+from attn_jax.cli._translate import add_length_limit_flags, add_repetition_flags, parse_checkpoint
 from attn_jax.pipeline import (
     WEIGHTS,
     TranslateError,
@@ -98,6 +100,7 @@ def add_evaluate_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--beam", type=int, default=12, metavar="K", help="beam size (default: %(default)s)")
     p.add_argument("--alpha", type=float, default=0.6, help="length-normalisation α (default: %(default)s)")
     p.add_argument("--beta", type=float, default=0.0, help="coverage-penalty β (default: %(default)s)")
+    add_repetition_flags(p)
     p.add_argument(
         "--max-examples",
         type=int,
@@ -222,6 +225,8 @@ def run_evaluate(args: argparse.Namespace) -> int:
             num_heatmaps=args.heatmaps,
             heatmap_sentences=args.heatmap_sentences,
             replace_unk=args.replace_unk,
+            no_repeat_ngram=args.no_repeat_ngram,
+            min_length=args.min_length,
             log=lambda *a: line.log(" ".join(str(x) for x in a)),
             max_length=args.max_length,
             max_length_ratio=args.max_length_ratio,
@@ -243,10 +248,18 @@ def run_evaluate(args: argparse.Namespace) -> int:
     )
     print(f"Summary:\n\n{ev.summary_markdown({r['system']: r['system_scores']})}")
     print(r["bleu_by_length_result"].overall)
+    for m in ("chrf", "ter"):
+        by_length = r[f"{m}_by_length"]
+        print(
+            f"{by_length['metric']} = {r[m]:.2f} ({r['num_sentences']} sentences; {by_length['signature']})"
+        )
     if r["system_scores"].aer is not None:
         print(r["system_scores"].aer)
     print(f"\nwritten to {os.path.dirname(r['files']['evaluation.json'])}/")
     if r["tensorboard"]:
         tb = r["tensorboard"]
-        print(f"TensorBoard: {len(tb['tags'])} images at step {tb['step']} in {tb['logdir']}/")
+        print(
+            f"TensorBoard: {len(tb['tags'])} images and {len(tb['scalars'])} scalars at step {tb['step']} "
+            f"in {tb['logdir']}/"
+        )
     return 0

@@ -148,6 +148,7 @@ def add_translate_parser(subparsers) -> argparse.ArgumentParser:
         "--beta", type=float, default=0.0, help="GNMT coverage-penalty weight β (default: %(default)s)"
     )
     p.add_argument("--nbest", type=int, default=1, metavar="N", help="write the N best (Moses n-best format)")
+    add_repetition_flags(p)
     p.add_argument(
         "--alignment", choices=("pharaoh", "json"), default=None, help="also write attention alignments"
     )
@@ -222,6 +223,35 @@ def add_length_limit_flags(p: argparse.ArgumentParser) -> None:
         default=None,
         metavar="C",
         help="tokens added to floor(ratio*n) (default: 10)",
+    )
+
+
+def _non_negative_int(value: str) -> int:
+    try:
+        n = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an int >= 0, got {value!r}") from None
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"must be an int >= 0, got {n}")
+    return n
+
+
+def add_repetition_flags(p: argparse.ArgumentParser) -> None:
+    """The repetition-control flags ``translate`` and ``evaluate`` share (``attn_jax.decoding.beam_search``)."""
+    p.add_argument(
+        "--no-repeat-ngram",
+        type=_non_negative_int,
+        default=0,
+        metavar="N",
+        help="never repeat an N-gram within a translation (its completing word gets probability 0; "
+        "default: 0, off)",
+    )
+    p.add_argument(
+        "--min-length",
+        type=_non_negative_int,
+        default=0,
+        metavar="N",
+        help="no </s> before N target tokens; the length limit still ends a translation (default: 0, off)",
     )
 
 
@@ -444,6 +474,8 @@ def run_translate(args: argparse.Namespace) -> int:
         batch_size=args.batch_size,
         limit=rule,
         replace_unk=args.replace_unk,
+        no_repeat_ngram=args.no_repeat_ngram,
+        min_length=args.min_length,
     )
     if fd is not None:
         return _translate_stream(args, loaded, rule, options, LineStream(fd))

@@ -91,6 +91,8 @@ def search_batches(
     eos_id: int = 2,
     pad_id: int = 0,
     sources_ext: Sequence[Sequence[int]] | None = None,
+    no_repeat_ngram: int = 0,
+    min_length: int = 0,
 ) -> Iterator[SearchBatch]:
     """Beam-search ``sources`` (token ids without ``</s>``, none empty) in length-sorted, padded batches.
 
@@ -109,6 +111,7 @@ def search_batches(
       src_eos_id, src_pad_id: the source vocabulary's ``</s>`` and padding ids.
       bos_id, eos_id, pad_id: the target vocabulary's.
       sources_ext: for a model that copies source words, each source in the extended target vocabulary.
+      no_repeat_ngram, min_length: repetition control, as :func:`beam_search`'s (0: off).
 
     Yields:
       One :class:`SearchBatch` per batch, in the order decoded (shortest sentences first).
@@ -143,6 +146,8 @@ def search_batches(
             bos_id=bos_id,
             eos_id=eos_id,
             pad_id=pad_id,
+            no_repeat_ngram=no_repeat_ngram,
+            min_length=min_length,
             **extra,
         )
         result = type(out)(*(None if x is None else np.asarray(x) for x in out))

@@ -117,6 +117,8 @@ def greedy_decode(
     eos_id: int = 2,
     pad_id: int = 0,
     src_ext: Int[ArrayLike, "B S"] | None = None,
+    no_repeat_ngram: int = 0,
+    min_length: int = 0,
 ) -> BeamResult:
     """Greedy decoding (``y_t = argmax_y P(y | y_<t, x)`` until ``</s>``): beam search, ``K = 1``, ``α = β = 0``.
 
@@ -141,6 +143,8 @@ def greedy_decode(
         eos_id=eos_id,
         pad_id=pad_id,
         src_ext=src_ext,
+        no_repeat_ngram=no_repeat_ngram,
+        min_length=min_length,
     )
 
 
@@ -161,6 +165,8 @@ def beam_search(
     eos_id: int = 2,
     pad_id: int = 0,
     src_ext: Int[ArrayLike, "B S"] | None = None,
+    no_repeat_ngram: int = 0,
+    min_length: int = 0,
 ) -> BeamResult:
     """Batched, jit-compiled beam search returning the n-best hypotheses, their scores and attention.
 
@@ -217,6 +223,12 @@ def beam_search(
       src_ext: ``[B, S]`` the source in the extended target vocabulary, for a model that copies source words
         (RNNsearch ``copy=True``, passed to its ``encode``); its hypotheses then hold ids ``>= V`` for copied
         out-of-vocabulary words (``V + r``: the sentence's ``r``-th, :func:`attn_jax.data.extend_with_source`).
+      no_repeat_ngram: ``N > 0`` forbids a word that would complete an ``N``-gram already in the hypothesis
+        (its log-probability becomes ``-inf``; ``</s>`` is never blocked); 0: off. Static: each value compiles
+        its own search, and 0 adds no operation.
+      min_length: ``</s>`` is forbidden before the hypothesis has this many tokens (``</s>`` not counted),
+        except at the sentence's length limit, which wins; 0: off. Static, like ``no_repeat_ngram``.
+        Neither option renormalises: the scores stay the model's log-probabilities of the words chosen.
 
     Returns:
       A :class:`BeamResult` with ``[B, N, ...]`` fields, best first.
@@ -243,6 +255,9 @@ def beam_search(
         eos_id,
         pad_id,
     )
+    for name, value in (("no_repeat_ngram", no_repeat_ngram), ("min_length", min_length)):
+        if not _is_int(value) or value < 0:
+            raise ValueError(f"{name} must be a non-negative int (0: off), got {value!r}")
     src, src_mask = jnp.asarray(src, jnp.int32), jnp.asarray(src_mask, jnp.bool_)
     if limits is not None:
         length = max_length if max_length is not None else int(limits.max())
@@ -271,6 +286,8 @@ def beam_search(
         bos_id=bos_id,
         eos_id=eos_id,
         pad_id=pad_id,
+        no_repeat_ngram=no_repeat_ngram,
+        min_length=min_length,
     )
     if result.attention is None and coverage_penalty_beta > 0:
         raise ValueError("coverage_penalty_beta > 0 needs attention weights, but the model returns none")
@@ -346,6 +363,42 @@ def _take_beams(x: Array, beams: Int[Array, "B K"]) -> Array:
     return jnp.take_along_axis(x, beams.reshape(beams.shape + (1,) * (x.ndim - 2)), axis=1)
 
 
+def _block_repeats(
+    logp: Float[Array, "B K V"],
+    tokens: Int[Array, "B K L"],
+    t,
+    at_limit: Bool[Array, "B 1 1"],
+    no_repeat_ngram: int,
+    min_length: int,
+    eos_id: int,
+) -> Float[Array, "B K V"]:
+    """``logp`` with ``-inf`` for the words that position ``t`` may not take: ``</s>`` before ``min_length``
+    tokens (not at the limit), and each word completing an ``n``-gram that ``tokens[..., :t]`` already holds."""
+    batch, k, vocab = logp.shape
+    ids = jnp.arange(vocab)
+    if min_length:
+        early = (t < min_length) & ~at_limit  # [B, 1, 1]
+        logp = jnp.where(early & (ids == eos_id), _NEG_INF, logp)
+    n = no_repeat_ngram
+    width = tokens.shape[-1]
+    if n and width >= n:
+        # n-gram j covers positions j .. j+n-1; it is complete in the prefix when j + n - 1 <= t - 1.
+        starts = width - n + 1
+        context = jax.lax.dynamic_slice_in_dim(
+            tokens, jnp.maximum(t - n + 1, 0), n - 1, axis=2
+        )  # [B, K, n-1]
+        match = jnp.arange(starts) <= t - n  # [J]
+        for i in range(n - 1):
+            match = match & (tokens[..., i : i + starts] == context[..., i : i + 1])  # [B, K, J]
+        match = jnp.broadcast_to(match, (batch, k, starts))
+        words = tokens[..., n - 1 :]  # [B, K, J]: the word that completes n-gram j
+        rows = jnp.arange(batch * k)[:, None]
+        banned = jnp.zeros((batch * k, vocab), jnp.bool_)
+        banned = banned.at[rows, words.reshape(batch * k, starts)].max(match.reshape(batch * k, starts))
+        logp = jnp.where(banned.reshape(batch, k, vocab) & (ids != eos_id), _NEG_INF, logp)
+    return logp
+
+
 def _search(
     graphdefs,
     states,
@@ -362,6 +415,8 @@ def _search(
     bos_id,
     eos_id,
     pad_id,
+    no_repeat_ngram=0,
+    min_length=0,
 ):
     """The traced search; ``_search_jit`` caches one compilation per static configuration."""
     _TRACE_COUNT[0] += 1
@@ -413,6 +468,8 @@ def _search(
         vocab = logp.shape[-1]
         ids = jnp.arange(vocab)
         at_limit = (t + 1 >= limit)[:, None, None]  # [B, 1, 1]: the last token a sentence may have
+        if no_repeat_ngram or min_length:  # static: with both off the search has no extra operation
+            logp = _block_repeats(logp, alive.tokens, t, at_limit, no_repeat_ngram, min_length, eos_id)
         free = (ids != pad_id) & (ids != bos_id)
         allowed = free & (~at_limit | (ids == eos_id))
         cand = alive.log_probs[..., None] + jnp.where(allowed, logp, _NEG_INF)  # [B, K, V]
@@ -519,5 +576,7 @@ _search_jit = jax.jit(
         "bos_id",
         "eos_id",
         "pad_id",
+        "no_repeat_ngram",
+        "min_length",
     ),
 )

@@ -252,6 +252,144 @@ def corpus_chrf(
     return ChrfResult(float(score.score), str(metric.get_signature()) + suffix, len(hyps))
 
 
+@dataclasses.dataclass(frozen=True)
+class TerResult:
+    """Corpus TER of one set of sentences, with the sacreBLEU signature that makes it reproducible.
+
+    Attributes:
+      score: TER in percent (edits per reference word; lower is better, may exceed 100).
+      signature: sacreBLEU's signature, e.g. ``nrefs:1|case:lc|tok:tercom|norm:no|punct:yes|asian:no|version:2.6.0``,
+        followed by ``|detok:moses-fr`` when the sentences were detokenised before scoring.
+      num_sentences: number of hypothesis/reference pairs scored.
+    """
+
+    score: float
+    signature: str
+    num_sentences: int
+
+
+def corpus_ter(
+    hypotheses: Sequence[str],
+    references: Sequence[str],
+    *,
+    detokenize: str = "none",
+    detokenize_lang: str = "en",
+) -> TerResult:
+    """Corpus TER (Snover et al., 2006) of hypotheses against one reference each, computed by sacreBLEU's ``TER``.
+
+    ``TER = 100 · Σ edits / Σ reference words``, the edits being insertions, deletions, substitutions and shifts
+    of word sequences, with sacreBLEU's defaults (case-insensitive, no punctuation normalisation). ``detokenize`` and
+    ``detokenize_lang`` are as in :func:`corpus_bleu` (both sides detokenised first, and the signature says so).
+
+    >>> r = corpus_ter(["the cat sat on the mat ."], ["the cat sat on a mat ."])
+    >>> round(r.score, 4), r.num_sentences
+    (14.2857, 1)
+    """
+    _check_pairs(hypotheses, references)
+    if not hypotheses:
+        raise ValueError("corpus_ter: no sentences to score")
+    check_detokenize(detokenize, detokenize_lang)
+    with needed_by("TER"):
+        from sacrebleu.metrics import TER
+
+    metric = TER()
+    hyps = _detokenize(hypotheses, detokenize, detokenize_lang)
+    refs = _detokenize(references, detokenize, detokenize_lang)
+    score = metric.corpus_score(list(hyps), [list(refs)])
+    suffix = "" if detokenize == "none" else f"|detok:{detokenize}-{detokenize_lang}"
+    return TerResult(float(score.score), str(metric.get_signature()) + suffix, len(hyps))
+
+
+@dataclasses.dataclass(frozen=True)
+class ScoreByLength:
+    """One corpus metric (chrF or TER) overall and within each source-length bucket.
+
+    Attributes:
+      metric: ``"chrF"`` or ``"TER"``.
+      signature: sacreBLEU's signature of the overall score.
+      overall: the score of all sentences.
+      num_sentences: the number of sentences scored.
+      buckets: ``(bucket, sentences, score)`` per bucket, in bucket order; NaN for an empty bucket.
+    """
+
+    metric: str
+    signature: str
+    overall: float
+    num_sentences: int
+    buckets: tuple[tuple[LengthBucket, int, float], ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict: ``{"metric", "signature", "score", "sentences", "buckets": [{"bucket", "low",
+        "high", "sentences", "score"}]}`` (NaN becomes ``None``)."""
+        return {
+            "metric": self.metric,
+            "signature": self.signature,
+            "score": _finite_or_none(self.overall),
+            "sentences": self.num_sentences,
+            "buckets": [
+                {"bucket": b.label, "low": b.low, "high": b.high, "sentences": n, "score": _finite_or_none(x)}
+                for b, n, x in self.buckets
+            ],
+        }
+
+
+def score_by_length(
+    metric: str,
+    hypotheses: Sequence[str],
+    references: Sequence[str],
+    sources: Sequence[str] | None = None,
+    *,
+    lengths: Sequence[int] | None = None,
+    buckets: Sequence[LengthBucket] = PAPER_BUCKETS,
+    detokenize: str = "none",
+    detokenize_lang: str = "en",
+) -> ScoreByLength:
+    """chrF (:func:`corpus_chrf`) or TER (:func:`corpus_ter`) overall and within each source-length bucket.
+
+    Lengths and buckets are as in :func:`bleu_by_length`; each bucket's score is the corpus score of that
+    bucket's sentences alone.
+
+    Args:
+      metric: ``"chrf"`` or ``"ter"``.
+      hypotheses, references, sources, lengths, buckets: as in :func:`bleu_by_length`.
+      detokenize, detokenize_lang: as in :func:`corpus_bleu`.
+
+    >>> r = score_by_length("chrf", ["a b", "c d"], ["a b", "c e"], ["x", " ".join(["w"] * 12)])
+    >>> [(b.label, n) for b, n, _ in r.buckets][:3]
+    [('0-9', 1), ('10-19', 1), ('20-29', 0)]
+    """
+    scorers = {"chrf": corpus_chrf, "ter": corpus_ter}
+    if metric not in scorers:
+        raise ValueError(f"score_by_length: metric must be 'chrf' or 'ter', got {metric!r}")
+    _check_pairs(hypotheses, references)
+    if not hypotheses:
+        raise ValueError("score_by_length: no sentences to score")
+    if lengths is None:
+        if sources is None:
+            raise ValueError("score_by_length: pass the source sentences or their lengths")
+        _check_count("sources", sources, len(hypotheses))
+        lengths = [len(s.split()) for s in sources]
+    else:
+        _check_count("lengths", lengths, len(hypotheses))
+    _check_buckets(buckets)
+    score = scorers[metric]
+    kw = {"detokenize": detokenize, "detokenize_lang": detokenize_lang}
+    members: list[list[int]] = [[] for _ in buckets]
+    for n, length in enumerate(lengths):
+        members[bucket_index(int(length), buckets)].append(n)
+    per_bucket = []
+    for b, rows in zip(buckets, members, strict=True):
+        x = (
+            score([hypotheses[n] for n in rows], [references[n] for n in rows], **kw).score
+            if rows
+            else math.nan
+        )
+        per_bucket.append((b, len(rows), x))
+    overall = score(hypotheses, references, **kw)
+    name = {"chrf": "chrF", "ter": "TER"}[metric]
+    return ScoreByLength(name, overall.signature, overall.score, len(hypotheses), tuple(per_bucket))
+
+
 def bleu_by_length(
     hypotheses: Sequence[str],
     references: Sequence[str],

@@ -20,6 +20,7 @@ alike (``experiments/`` call these, never ``attn_jax.cli*``)::
 * attention outside beam search (``_attention``): :func:`reference_attention`,
   :func:`hypothesis_cross_attention`, :func:`sharpest_head`, :func:`figure3_examples`, :class:`HeatmapPick`;
 * BLEU settings (``_bleu``): :func:`bleu_options`, :func:`bleu_flags_problem`;
+* scoring given translations (``_score``): :func:`score_pairs`, :class:`ScoredPair`;
 * evaluating (``_evaluate``): :func:`evaluate_workdir`; progress (``_progress``): :func:`decode_progress`.
 
 Importing this package needs only numpy (and jax, through ``attn_jax``); Flax, orbax, the data readers and
@@ -51,6 +52,7 @@ from attn_jax.pipeline._load import (
     quiet_checkpoint_logs,
 )
 from attn_jax.pipeline._progress import decode_progress
+from attn_jax.pipeline._score import ScoredPair, score_pairs
 from attn_jax.pipeline._split import load_split, select_examples
 from attn_jax.pipeline._translate import (
     Translation,
@@ -65,6 +67,7 @@ __all__ = [
     "HeatmapPick",
     "LengthLimitReport",
     "LoadedModel",
+    "ScoredPair",
     "TranslateError",
     "Translation",
     "bleu_flags_problem",
@@ -85,6 +88,7 @@ __all__ = [
     "padded_width",
     "quiet_checkpoint_logs",
     "reference_attention",
+    "score_pairs",
     "select_examples",
     "sharpest_head",
     "translate_sentences",

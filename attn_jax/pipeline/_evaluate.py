@@ -1,5 +1,5 @@
-"""Evaluate a trained run on one split: decode it, score BLEU (overall, by source length, No UNK) and AER, draw
-attention heatmaps and write the tables, the sentences and ``evaluation.{json,md}``."""
+"""Evaluate a trained run on one split: decode it, score BLEU (overall, by source length, No UNK), chrF, TER
+and AER, draw attention heatmaps and write the tables, the sentences and ``evaluation.{json,md}``."""
 
 from __future__ import annotations
 
@@ -63,6 +63,8 @@ def evaluate_workdir(
     bleu_tokenize: str | None = None,
     detokenize: str = "none",
     detokenize_lang: str = "en",
+    no_repeat_ngram: int = 0,
+    min_length: int = 0,
 ) -> dict[str, Any]:
     """Evaluate a training run on one split: decode, BLEU overall / by length / No UNK, AER, heatmaps, tables.
 
@@ -97,18 +99,22 @@ def evaluate_workdir(
         corpus whose references look tokenised gets a warning (:func:`bleu_options`).
       detokenize, detokenize_lang: ``"moses"`` and a language detokenise hypotheses and references before BLEU
         (``attn_jax.eval.corpus_bleu``); ``"none"`` scores them as given.
+      no_repeat_ngram, min_length: repetition control in the search, as :func:`translate_sentences`'s.
 
     Returns:
       A dict: ``system``, ``workdir``, ``step``, ``checkpoint_note`` (None, or why another checkpoint than
       the one asked for was used), ``split``, ``num_sentences``, ``bleu`` (overall score),
-      ``signature``, ``bleu_by_length`` (:meth:`BleuByLength.to_dict`), ``no_unk`` and ``aer`` (dicts or None),
+      ``signature``, ``bleu_by_length`` (:meth:`BleuByLength.to_dict`), ``chrf`` and ``ter`` (overall scores,
+      sacreBLEU's, detokenised as BLEU is), ``chrf_by_length`` and ``ter_by_length``
+      (:meth:`attn_jax.eval.ScoreByLength.to_dict`), ``no_unk`` and ``aer`` (dicts or None),
       ``skipped_empty`` (pairs of the split with an empty side, which the reader skipped: also logged as a
       warning and kept in ``summary.json`` under ``<system>.skipped_empty``),
       ``length_limit`` (``LengthLimitReport.to_dict``: ``stopped_at_limit`` of ``translations``, the rule; and
       ``stopped_indices``, the split's indices of the translations cut),
       ``bleu_options`` (:func:`bleu_options`: tokeniser, detokeniser and language, whether the references look
       tokenised, and the warning given, if any), ``options``, ``timings``, ``files`` (name -> path),
-      ``tensorboard`` (``logdir``, ``step``, ``tags`` of the PNGs added as TensorBoard images; None when the
+      ``tensorboard`` (``logdir``, ``step``, ``tags`` of the PNGs added as TensorBoard images, ``scalars``:
+      the tags of overall BLEU, chrF and TER; None when the
       run has ``tensorboard`` off or its directory is read-only, which is logged) and two
       objects for composing multi-system tables:
       ``bleu_by_length_result`` (:class:`attn_jax.eval.BleuByLength`) and ``system_scores``
@@ -137,6 +143,8 @@ def evaluate_workdir(
         "bleu_tokenize": bleu_tokenize,
         "detokenize": detokenize,
         "detokenize_lang": detokenize_lang,
+        "no_repeat_ngram": no_repeat_ngram,
+        "min_length": min_length,
         "heatmap_sentences": None if heatmap_sentences is None else [int(i) for i in heatmap_sentences],
     }
     timings: dict[str, float] = {}
@@ -174,6 +182,8 @@ def evaluate_workdir(
         batch_size=batch_size,
         limit=rule,
         replace_unk=replace_unk,
+        no_repeat_ngram=no_repeat_ngram,
+        min_length=min_length,
     )
     hypotheses = [t[0].text if t else "" for t in translations]
     timings["decode_s"] = time.perf_counter() - t0
@@ -181,13 +191,14 @@ def evaluate_workdir(
 
     t0 = time.perf_counter()
     bleu = _score_bleu(loaded, pairs, hypotheses, bleu_tokenize, detokenize, detokenize_lang, log)
+    chrf_ter = _score_chrf_ter(pairs, hypotheses, detokenize, detokenize_lang)
     alignment = _score_alignment(loaded, pairs, batch_size)
     timings["score_s"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
     files = _Files(out_dir)
     _write_sentences(files, pairs, hypotheses, alignment.links, detokenize, detokenize_lang)
-    scores = _write_tables(files, system, pairs.corpus, bleu, alignment.aer, limit_report)
+    scores = _write_tables(files, system, pairs.corpus, bleu, alignment.aer, limit_report, chrf_ter)
     picked, heatmaps = _draw_heatmaps(
         files,
         loaded,
@@ -200,7 +211,7 @@ def evaluate_workdir(
         max_length=heatmap_max_length,
         chosen=chosen,
     )
-    tensorboard = _tensorboard_images(workdir, loaded, split, files.paths, log)
+    tensorboard = _tensorboard_images(workdir, loaded, split, files.paths, log, bleu, chrf_ter)
     timings["write_s"] = time.perf_counter() - t0
 
     result = _record(
@@ -213,13 +224,15 @@ def evaluate_workdir(
         alignment,
         limit_report,
         translations,
+        chrf_ter=chrf_ter,
         picked=picked,
         options=options,
         timings=timings,
         files=files.paths,
         tensorboard=tensorboard,
     )
-    _write_evaluation(files, result, _evaluation_markdown(result, limit_report, bleu, scores, heatmaps))
+    md = _evaluation_markdown(result, limit_report, bleu, scores, heatmaps, chrf_ter)
+    _write_evaluation(files, result, md)
     result["bleu_by_length_result"] = bleu.by_length
     result["system_scores"] = scores
     return result
@@ -337,6 +350,16 @@ def _score_bleu(
     return _Bleu(by_length, no_unk, opts)
 
 
+def _score_chrf_ter(pairs: _Pairs, hypotheses: Sequence[str], detokenize: str, detokenize_lang: str):
+    """chrF and TER overall and by source length (``attn_jax.eval.ScoreByLength``), detokenised as BLEU is."""
+    from attn_jax import eval as ev
+
+    kw: dict[str, Any] = {"detokenize": detokenize, "detokenize_lang": detokenize_lang}
+    return {
+        m: ev.score_by_length(m, hypotheses, pairs.references, pairs.sources, **kw) for m in ("chrf", "ter")
+    }
+
+
 def _score_alignment(loaded: LoadedModel, pairs: _Pairs, batch_size: int) -> _Alignment:
     """AER of the teacher-forced attention on the references against the gold alignments, overall and within
     the training lengths (links only for word-level vocabularies; AER only where the corpus has gold)."""
@@ -391,8 +414,11 @@ def _write_sentences(
         _write_lines(files.path("alignments.txt"), [ev.format_pharaoh(a) for a in links])
 
 
-def _write_tables(files: _Files, system: str, corpus, bleu: _Bleu, aer, limit_report: LengthLimitReport):
-    """``bleu_by_length.{md,json,png}`` and ``summary.{md,json}``; returns the ``attn_jax.eval.SystemScores``."""
+def _write_tables(
+    files: _Files, system: str, corpus, bleu: _Bleu, aer, limit_report: LengthLimitReport, chrf_ter
+):
+    """``bleu_by_length.{md,json,png}`` and ``summary.{md,json}`` (with chrF and TER overall and by source
+    length under ``<system>.chrf`` / ``.ter``); returns the ``attn_jax.eval.SystemScores``."""
     from attn_jax import eval as ev
 
     scores = ev.SystemScores(bleu.by_length.overall, bleu.no_unk, aer)
@@ -402,12 +428,15 @@ def _write_tables(files: _Files, system: str, corpus, bleu: _Bleu, aer, limit_re
         f.write(
             _summary_markdown(system, scores, limit_report, corpus.skipped_empty, corpus.name, bleu.options)
         )
+        f.write("\n" + _chrf_ter_markdown(chrf_ter))
     with open(files.path("bleu_by_length.json"), "w", encoding="utf-8") as f:
         json.dump(ev.bleu_by_length_json({system: bleu.by_length}), f, indent=2, allow_nan=False)
     summary = ev.summary_json({system: scores})
     summary[system]["length_limit"] = limit_report.to_dict()
     summary[system]["skipped_empty"] = corpus.skipped_empty
     summary[system]["bleu_options"] = bleu.options
+    for m, r in chrf_ter.items():
+        summary[system][m] = r.to_dict()
     with open(files.path("summary.json"), "w", encoding="utf-8") as f:
         json.dump(summary, f, indent=2, allow_nan=False)
     ev.plot_bleu_by_length(
@@ -428,6 +457,20 @@ def _summary_markdown(
     if options["warning"]:
         text += f"\n**Warning:** {options['warning']}.\n"
     return text
+
+
+def _chrf_ter_markdown(chrf_ter) -> str:
+    """A Markdown table of chrF and TER by source length (``—`` for an empty bucket), then their signatures."""
+    chrf, ter = chrf_ter["chrf"], chrf_ter["ter"]
+
+    def cell(x: float) -> str:
+        return "—" if math.isnan(x) else f"{x:.2f}"
+
+    lines = ["| source length | sentences | chrF | TER |", "|---|---:|---:|---:|"]
+    for (b, n, c), (_, _, t) in zip(chrf.buckets, ter.buckets, strict=True):
+        lines.append(f"| {b.label} | {n} | {cell(c)} | {cell(t)} |")
+    lines.append(f"| all | {chrf.num_sentences} | {cell(chrf.overall)} | {cell(ter.overall)} |")
+    return "\n".join(lines) + f"\n\nchrF: {chrf.signature}\nTER: {ter.signature}\n"
 
 
 def _chosen_positions(pairs: _Pairs, indices: Sequence[int] | None, split: str) -> list[int] | None:
@@ -540,23 +583,29 @@ def _draw_reference(
     )
 
 
-def _tensorboard_images(workdir, loaded, split: str, files: dict[str, str], log) -> dict[str, Any] | None:
+def _tensorboard_images(
+    workdir, loaded, split: str, files: dict[str, str], log, bleu: _Bleu, chrf_ter
+) -> dict[str, Any] | None:
     """Add the evaluation's PNGs to the run's TensorBoard log (``<workdir>/tensorboard/eval``) as images tagged
-    ``eval/<split>/<file stem>`` at the checkpoint's step; None when the run has TensorBoard off."""
+    ``eval/<split>/<file stem>``, and its overall BLEU, chrF and TER as scalars ``eval/<split>/{bleu,chrf,ter}``,
+    at the checkpoint's step; None when the run has TensorBoard off."""
     if not getattr(loaded.config, "tensorboard", True):
         return None
     from attn_jax.train import EventWriter
 
     tag_split = re.sub(r"[^-\w.]", "_", split)  # TensorBoard's tag alphabet: test[:500] -> test__500_
     pngs = {f"eval/{tag_split}/{os.path.splitext(f)[0]}": p for f, p in files.items() if f.endswith(".png")}
+    overall = {"bleu": bleu.by_length.overall.score, **{m: r.overall for m, r in chrf_ter.items()}}
+    scalars = {f"eval/{tag_split}/{m}": x for m, x in overall.items() if math.isfinite(x)}
     logdir = os.path.join(os.fspath(workdir), "tensorboard", "eval")
     try:
         with EventWriter(logdir) as w:
             w.images(loaded.step, pngs)
+            w.scalars(loaded.step, scalars)
     except OSError as e:  # a read-only run directory: the PNGs and tables are written, so say it and go on
         log(f"warning: TensorBoard images not written to {logdir}: {e}")
         return None
-    return {"logdir": logdir, "step": loaded.step, "tags": sorted(pngs)}
+    return {"logdir": logdir, "step": loaded.step, "tags": sorted(pngs), "scalars": sorted(scalars)}
 
 
 def _record(
@@ -570,6 +619,7 @@ def _record(
     limit_report: LengthLimitReport,
     translations: Sequence[list[Translation]],
     *,
+    chrf_ter: dict[str, Any],
     picked: list[dict[str, Any]],
     options: dict[str, Any],
     timings: dict[str, float],
@@ -591,6 +641,10 @@ def _record(
         "signature": bleu.by_length.signature,
         "bleu_options": bleu.options,
         "bleu_by_length": bleu.by_length.to_dict(),
+        "chrf": chrf_ter["chrf"].overall,
+        "ter": chrf_ter["ter"].overall,
+        "chrf_by_length": chrf_ter["chrf"].to_dict(),
+        "ter_by_length": chrf_ter["ter"].to_dict(),
         "no_unk": bleu.no_unk.to_dict(),
         "aer": None if aer is None else aer.to_dict(),
         "aer_within_training_lengths": None if aer_within is None else aer_within.to_dict(),
@@ -608,7 +662,12 @@ def _record(
 
 
 def _evaluation_markdown(
-    result: dict[str, Any], limit_report: LengthLimitReport, bleu: _Bleu, scores, heatmaps: Sequence[str]
+    result: dict[str, Any],
+    limit_report: LengthLimitReport,
+    bleu: _Bleu,
+    scores,
+    heatmaps: Sequence[str],
+    chrf_ter,
 ) -> list[str]:
     """The lines of ``evaluation.md``: the run, its warnings, the tables and the heatmaps."""
     from attn_jax import eval as ev
@@ -626,6 +685,8 @@ def _evaluation_markdown(
         *([f"**Warning:** {warning}.\n"] if warning else []),
         "## BLEU by source length\n",
         ev.bleu_by_length_markdown({system: bleu.by_length}),
+        "## chrF and TER by source length\n",
+        _chrf_ter_markdown(chrf_ter),
         "## Summary\n",
         _summary_markdown(system, scores, limit_report, skipped, corpus, bleu.options),
     ]

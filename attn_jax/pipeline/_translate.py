@@ -94,6 +94,8 @@ def translate_sentences(
     limit=None,
     replace_unk: bool = False,
     progress: Callable[[int, int, float], None] | None = None,
+    no_repeat_ngram: int = 0,
+    min_length: int = 0,
 ) -> list[list[Translation]]:
     """Beam-search translations of ``sentences``: for each, its ``nbest`` best hypotheses, best first.
 
@@ -114,6 +116,8 @@ def translate_sentences(
         and models with attention only; otherwise ``<unk>`` stays).
       progress: called after each batch with the sentences decoded so far, their total and the fraction of
         the work done (source tokens, the longer sentences come last).
+      no_repeat_ngram: block any word that would repeat an n-gram of this size within a hypothesis; 0: off.
+      min_length: forbid ``</s>`` before this many target tokens (the length limit still wins); 0: off.
 
     Returns:
       ``len(sentences)`` lists of :class:`Translation`.
@@ -165,6 +169,8 @@ def translate_sentences(
         eos_id=tgt_vocab.eos_id,
         pad_id=tgt_vocab.pad_id,
         sources_ext=[extended[i][0] for i in todo] if copies else None,
+        no_repeat_ngram=no_repeat_ngram,
+        min_length=min_length,
     )
     while True:
         try:
