@@ -3,7 +3,7 @@
 Layout of ``<workdir>/checkpoints/<step>/``: ``state/`` (the :class:`TrainState` pytree: params, optimiser state,
 step, RNG), ``data/`` (the batch iterator's ``get_state()`` JSON), ``config/`` (the run's config as JSON) and
 ``metrics/`` (the validation metrics the step was ranked by, when it was evaluated, with ``best_metric``: the
-name of the ranking metric, :data:`attn_jax.train.BEST_METRICS`).
+name of the ranking metric, ``attn_jax.train.BEST_METRICS``).
 
 Multi-process runs: every process calls :meth:`CheckpointManager.save` and :meth:`~CheckpointManager.restore`
 (orbax coordinates them through ``jax.distributed``): each array's shards are written by the processes that hold
@@ -106,7 +106,7 @@ def failure_reason(error: BaseException) -> str:
 
 def metric_rank(metrics: dict | None, best_metric: str = "nll") -> float | None:
     """The rank of a checkpoint's validation ``metrics`` by ``best_metric`` (a key of
-    :data:`attn_jax.train.BEST_METRICS`): lower is better (BLEU and chrF are negated); None when the metric is
+    ``attn_jax.train.BEST_METRICS``): lower is better (BLEU and chrF are negated); None when the metric is
     missing or not finite, so the checkpoint is not ranked.
 
     >>> metric_rank({"nll_per_token": 2.5, "bleu": 10.0}), metric_rank({"nll_per_token": 2.5, "bleu": 10.0}, "bleu")
