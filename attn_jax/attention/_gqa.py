@@ -16,13 +16,12 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 
-from attn_jax.attention._checks import check_broadcastable, check_mask, shape_str
+from attn_jax.attention._checks import check_broadcastable, check_mask, positive_int, shape_str
 
 
 def check_kv_heads(query, key, value, num_kv_heads) -> int:
     """Validate ``num_kv_heads`` against the head axes (-3) of the operands; return the group size ``H / G``."""
-    if isinstance(num_kv_heads, bool) or not isinstance(num_kv_heads, int | np.integer) or num_kv_heads < 1:
-        raise ValueError(f"num_kv_heads must be a positive int (key/value heads), got {num_kv_heads!r}")
+    positive_int("num_kv_heads", num_kv_heads)
     for name, x in (("query", query), ("key", key), ("value", value)):
         if np.ndim(x) < 3:
             raise ValueError(

@@ -70,6 +70,7 @@ import numpy as np
 from flax import nnx
 
 from attn_jax.attention._alibi import alibi_bias, alibi_slopes
+from attn_jax.attention._checks import positive_int
 from attn_jax.attention._dot_product import dot_product_attention
 from attn_jax.attention._masks import (
     key_padding_mask,
@@ -193,9 +194,7 @@ class TransformerConfig:
             "max_length",
             "max_relative_positions",
         ):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
-                raise ValueError(f"transformer config: {name} must be a positive int, got {value!r}")
+            object.__setattr__(self, name, positive_int(f"transformer config: {name}", getattr(self, name)))
         if self.arch != "transformer":
             raise ValueError(f"transformer config: arch must be 'transformer', got {self.arch!r}")
         if self.d_model % self.heads:
@@ -922,12 +921,7 @@ class Transformer(nnx.Module):
         """An empty key/value cache of ``cache_length`` (default ``config.max_length``) positions, position 0."""
         c = self.config
         cache_length = c.max_length if cache_length is None else cache_length
-        if (
-            isinstance(cache_length, bool)
-            or not isinstance(cache_length, int | np.integer)
-            or cache_length < 1
-        ):
-            raise ValueError(f"cache_length must be a positive int, got {cache_length!r}")
+        cache_length = positive_int("cache_length", cache_length)
         batch = enc.mask.shape[0]
         shape = (batch, c.decoder_layers, c.kv_heads, int(cache_length), c.head_dim)
         zeros = jnp.zeros(shape, jnp.dtype(c.dtype))
