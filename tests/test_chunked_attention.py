@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from jax.test_util import check_grads
 
 import attn_jax.attention._chunked as chunked_module
-import attn_jax.attention._dot_product as dot_product_module
+import attn_jax.attention._cudnn as cudnn_module
 from attn_jax.attention import chunked_dot_product_attention, dot_product_attention
 from tests.reference.chunked import attention_grads_ref
 from tests.reference.masks_dot import causal_mask_ref, dot_attention_ref
@@ -302,7 +302,7 @@ def _uses_chunked(shapes, **kw):
 def test_default_picks_xla_for_short_and_chunked_for_long(monkeypatch, backend, short, long):
     # the threshold is the backend's (the blocked kernel wins on the CPU from 512 x 512, the chunked_vs_plain
     # bench row); tracing only, so the backend is stood in for
-    monkeypatch.setattr(dot_product_module.jax, "default_backend", lambda: backend)
+    monkeypatch.setattr(jax, "default_backend", lambda: backend)
     assert not _uses_chunked(shapes=[(short, 8), (short, 8), (short, 8)])
     assert _uses_chunked(shapes=[(long, 8), (long, 8), (long, 8)])
     assert _uses_chunked(shapes=[(long, 8), (long, 8), (long, 8)], implementation="chunked")
@@ -342,9 +342,7 @@ def test_cudnn_branch_layout_and_dead_rows_with_a_stand_in(rng, monkeypatch):
         return real(query, key, value, bias, mask, implementation="xla", **kw)
 
     monkeypatch.setattr(jax.nn, "dot_product_attention", stand_in)
-    monkeypatch.setattr(
-        dot_product_module, "_cuda_device", lambda: types.SimpleNamespace(compute_capability="9.0")
-    )
+    monkeypatch.setattr(cudnn_module, "_cuda_device", lambda: types.SimpleNamespace(compute_capability="9.0"))
     q, k, v, mask, bias = _cudnn_case(rng)
     kw = dict(bias=bias, causal=True, scale=0.4)
     out = jax.jit(functools.partial(dot_product_attention, implementation="cudnn", **kw))(q, k, v, mask)

@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-import attn_jax.attention._dot_product as dot_product_module
+import attn_jax.attention._cudnn as cudnn_module
 from attn_jax.attention import (
     dot_product_attention,
     dot_product_implementation,
@@ -249,9 +249,7 @@ def _stand_in(monkeypatch, calls):
         return real(query, key, value, bias, mask, implementation="xla", **kw)
 
     monkeypatch.setattr(jax.nn, "dot_product_attention", stand_in)
-    monkeypatch.setattr(
-        dot_product_module, "_cuda_device", lambda: types.SimpleNamespace(compute_capability="9.0")
-    )
+    monkeypatch.setattr(cudnn_module, "_cuda_device", lambda: types.SimpleNamespace(compute_capability="9.0"))
 
 
 def _cudnn_case(rng):

@@ -9,6 +9,7 @@ MODULES = [
     "attn_jax.attention._softmax",
     "attn_jax.attention._masks",
     "attn_jax.attention._dot_product",
+    "attn_jax.attention._plain",
     "attn_jax.attention._multihead",
     "attn_jax.attention._positional",
     "attn_jax.attention._alibi",

@@ -19,7 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import attn_jax.attention._chunked as chunked_module
-import attn_jax.attention._dot_product as dot_product_module
+import attn_jax.attention._cudnn as cudnn_module
 from attn_jax.attention import (
     chunked_dot_product_attention,
     dot_product_attention,
@@ -446,9 +446,7 @@ def _stand_in(monkeypatch, calls):
         return real(query, key, value, bias, mask, implementation="xla", **kw)
 
     monkeypatch.setattr(jax.nn, "dot_product_attention", stand_in)
-    monkeypatch.setattr(
-        dot_product_module, "_cuda_device", lambda: types.SimpleNamespace(compute_capability="9.0")
-    )
+    monkeypatch.setattr(cudnn_module, "_cuda_device", lambda: types.SimpleNamespace(compute_capability="9.0"))
 
 
 @pytest.mark.parametrize(

@@ -32,12 +32,25 @@ from attn_jax.models import (
 )
 from attn_jax.models.rnnsearch import make_embedding
 from attn_jax.nn.recurrent import gru_cell, gru_input_projection, gru_scan, init_gru_params
+from tests.recurrent_models import (
+    KX,
+    KY,
+    LENGTHS,
+    B,
+    Compiled,
+    S,
+    T,
+    assert_bf16_close,
+    forward_once,
+    make_batch,
+    pure_params,
+    random_params,
+    redrawn,
+    rel_err,
+)
 from tests.reference.rnn import gru_cell_ref, gru_sequence_ref, rnnenc_ref, rnnsearch_ref
 from tests.tolerance import assert_close_f32
 
-B, S, T = 3, 7, 5
-LENGTHS = (7, 4, 1)  # a full, a padded and a one-word sentence
-KX, KY = 17, 19
 SIZES = dict(embed=9, hidden=11, maxout=3, align=13, local_window=2)
 # Longest float32 summation chain through a model, the reduction length when two float32 programs are compared
 # (teacher-forced vs step by step, jit vs eager, padded vs one by one): S encoder GRU steps, each summing over
@@ -67,83 +80,18 @@ VARIANTS = [
 VARIANT_IDS = [f"{a}-{s}{'-feed' if f else ''}" if a == "rnnsearch" else a for a, s, f in VARIANTS]
 
 
-def rel_err(a, b):
-    """``max|a - b| / max|b|``: the error relative to the reference's scale."""
-    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    return float(np.max(np.abs(a - b)) / max(np.max(np.abs(b)), 1e-30))
-
-
 def make_model(arch="rnnsearch", scorer="additive", input_feeding=False, seed=0, scale=0.5, **overrides):
-    """A model whose every parameter is redrawn from N(0, scale²) with NumPy.
-
-    Built with ``nnx.eval_shape`` (the constructor runs abstractly) and filled from NumPy: eager initialisation
-    compiles one XLA program per random op and shape, which costs seconds each on the shared CPU. The real
-    initialisers are tested on their own (``test_paper_initialisation``).
-    """
+    """A model whose every parameter is redrawn from N(0, scale²) with NumPy (see ``redrawn``); the real
+    initialisers are tested on their own (``test_paper_initialisation``)."""
     sizes = {"src_vocab": KX, "tgt_vocab": KY, **SIZES, **overrides}
     cfg = RNNConfig(arch=arch, scorer=scorer, input_feeding=input_feeding, **sizes)
-    graphdef, state = nnx.split(nnx.eval_shape(lambda: build_model(cfg, rngs=nnx.Rngs(0))))
-    rng = np.random.default_rng(seed)
-    state = jax.tree.map(lambda x: jnp.asarray(scale * rng.normal(size=x.shape), x.dtype), state)
-    return nnx.merge(graphdef, state)
-
-
-def make_batch(seed=0, lengths=LENGTHS, t=T):
-    rng = np.random.default_rng(seed)
-    src = rng.integers(0, KX, (len(lengths), S)).astype(np.int32)
-    mask = np.arange(S)[None, :] < np.asarray(lengths)[:, None]
-    src = np.where(mask, src, 0)  # pad id 0, also used by real words: only the mask says what is padding
-    tgt_in = rng.integers(0, KY, (len(lengths), t)).astype(np.int32)
-    return jnp.asarray(src), jnp.asarray(mask), jnp.asarray(tgt_in)
-
-
-def pure_params(model):
-    return nnx.to_pure_dict(nnx.state(model, nnx.Param))
-
-
-class Compiled:
-    """One model with jitted teacher-forced forward, encode+init and decode step (compiled once, shared by tests)."""
-
-    def __init__(self, model):
-        self.model = model
-        graphdef, self.state = nnx.split(model)
-        self._forward = jax.jit(lambda st, *a: nnx.merge(graphdef, st)(*a))
-
-        def start(st, src, mask):
-            m = nnx.merge(graphdef, st)
-            enc = m.encode(src, mask)
-            return enc, m.init_decoder_state(enc)
-
-        self._start = jax.jit(start)
-        self._step = jax.jit(lambda st, e, d, y: nnx.merge(graphdef, st).decode_step(e, d, y))
-
-    def forward(self, src, mask, tgt_in):
-        return self._forward(self.state, src, mask, tgt_in)
-
-    def start(self, src, mask):
-        return self._start(self.state, src, mask)
-
-    def step(self, enc, dec, prev):
-        return self._step(self.state, enc, dec, prev)
-
-    def step_loop(self, src, mask, tgt_in):
-        """Decode position by position (a Python loop on purpose: the reference the scan must equal)."""
-        enc, dec = self.start(src, mask)
-        logits, attn = [], []
-        for i in range(tgt_in.shape[1]):
-            lo, dec, a = self.step(enc, dec, tgt_in[:, i])
-            logits.append(lo)
-            attn.append(a)
-        return jnp.stack(logits, 1), None if attn[0] is None else jnp.stack(attn, 1)
+    return redrawn(lambda: build_model(cfg, rngs=nnx.Rngs(0)), seed, scale)
 
 
 @functools.cache
 def variant(arch, scorer, feed):
     """``(compiled model, batch, teacher-forced logits, attention)`` for one decoder variant, computed once."""
-    compiled = Compiled(make_model(arch, scorer, feed))
-    batch = make_batch()
-    logits, attn = compiled.forward(*batch)
-    return compiled, batch, logits, attn
+    return forward_once(make_model(arch, scorer, feed))
 
 
 # ------------------------------------------------------------------------------------------------------------ GRU
@@ -152,11 +100,7 @@ GRU_SHAPES = {"w_x": (5, 3, 7), "u": (7, 3, 7), "b": (3, 7), "w_c": (9, 3, 7)}
 
 
 def random_gru(rng, context=True):
-    return {
-        k: jnp.asarray(rng.normal(0, 0.5, v), jnp.float32)
-        for k, v in GRU_SHAPES.items()
-        if context or k != "w_c"
-    }
+    return random_params(rng, GRU_SHAPES, context)
 
 
 def test_gru_cell_matches_float64_reference(rng):
@@ -395,19 +339,10 @@ def test_decoder_is_a_scan_not_a_python_loop(arch):
 
 
 def test_bf16_compute_keeps_fp32_params_and_stays_close():
-    _, (src, mask, tgt_in), logits32, attn32 = variant("rnnsearch", "additive", False)
-    bf16 = Compiled(make_model("rnnsearch", "additive", dtype="bfloat16"))  # same seed: the same parameters
-    logits16, attn16 = bf16.forward(src, mask, tgt_in)
-    assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(bf16.state))
-    assert jax.eval_shape(bf16.model.encode, src, mask).memory.dtype == jnp.bfloat16
-    assert logits16.dtype == jnp.float32 and attn16.dtype == jnp.float32
-    assert np.all(np.isfinite(np.asarray(logits16)))
-    assert_valid_attention_weights(attn16, mask[:, None, :])
-    # bf16 keeps 8 mantissa bits (relative rounding 2^-9 ≈ 2e-3 per operand); matmul operands are rounded at every
-    # one of 7 + 5 recurrent steps while states and logits stay float32, so a few percent of the scale is expected.
-    assert rel_err(logits16, logits32) < 5e-2
-    np.testing.assert_allclose(attn16, attn32, atol=5e-2)
-    assert rel_err(logits16, logits32) > 1e-5  # it did compute in bf16
+    assert_bf16_close(
+        variant("rnnsearch", "additive", False),
+        Compiled(make_model("rnnsearch", "additive", dtype="bfloat16")),
+    )  # same seed: the same parameters
 
 
 def test_repeat_and_gather_batch_tile_the_decoder_over_beams():

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-import attn_jax.attention._dot_product as dot_product_module
+import attn_jax.attention._cudnn as cudnn_module
 from attn_jax.attention import (
     additive_attention,
     additive_attention_step,
@@ -213,9 +213,7 @@ def test_cudnn_branch_is_clean_with_a_stand_in(rng, monkeypatch):
         return real(query, key, value, bias, mask, implementation="xla", **kw)
 
     monkeypatch.setattr(jax.nn, "dot_product_attention", stand_in)
-    monkeypatch.setattr(
-        dot_product_module, "_cuda_device", lambda: types.SimpleNamespace(compute_capability="9.0")
-    )
+    monkeypatch.setattr(cudnn_module, "_cuda_device", lambda: types.SimpleNamespace(compute_capability="9.0"))
     t, s, width = 4, 6, 8  # even lengths and K a multiple of 8, as cuDNN needs
     mask = np.arange(s)[None, None, None, :] < np.array([6, 3])[:, None, None, None]  # [B, 1, 1, S]
     dead_k = ~np.broadcast_to(mask, (B, 1, t, s)).any(-2)  # [B, 1, S]

@@ -41,6 +41,7 @@ from attn_jax.attention._checks import (
     check_mask,
     check_min_rank,
     check_size,
+    positive_int,
     shape_str,
 )
 from attn_jax.attention._fused_additive import fused_additive_scores
@@ -55,13 +56,6 @@ __all__ = [
     "init_additive_params",
     "project_keys",
 ]
-
-
-def _positive_int(name: str, value) -> int:
-    """Return ``value`` as an int, or raise unless it is a positive integer."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
-    return value
 
 
 def init_additive_params(
@@ -114,9 +108,9 @@ def init_additive_params(
     >>> {k: v.shape for k, v in sorted(p.items())}
     {'b': (3,), 'g': (), 'v': (3,), 'w_k': (6, 3), 'w_q': (4, 3)}
     """
-    dq = _positive_int("query_features", query_features)
-    dk = _positive_int("key_features", key_features)
-    a = _positive_int("attention_dim", attention_dim)
+    dq = positive_int("query_features", query_features)
+    dk = positive_int("key_features", key_features)
+    a = positive_int("attention_dim", attention_dim)
     if init not in ("fan_in", "paper"):
         raise ValueError(f"init must be 'fan_in' or 'paper', got {init!r}")
     if init == "paper" and normalize:

@@ -13,7 +13,7 @@ import math
 import jax.numpy as jnp
 import numpy as np
 
-from attn_jax.attention._checks import position_offsets, shape_str
+from attn_jax.attention._checks import position_offsets, positive_int, shape_str
 from attn_jax.typing import Array, Float, Int
 
 
@@ -36,8 +36,7 @@ def alibi_slopes(num_heads: int) -> np.ndarray:
     >>> alibi_slopes(4).tolist()
     [0.25, 0.0625, 0.015625, 0.00390625]
     """
-    if isinstance(num_heads, bool) or not isinstance(num_heads, int | np.integer) or num_heads < 1:
-        raise ValueError(f"num_heads must be a positive int, got {num_heads!r}")
+    positive_int("num_heads", num_heads)
     p = 2 ** int(math.floor(math.log2(num_heads)))
     first = [2.0 ** (-8.0 * (h + 1) / p) for h in range(p)]
     rest = [2.0 ** (-8.0 * (2 * j + 1) / (2 * p)) for j in range(num_heads - p)]

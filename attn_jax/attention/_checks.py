@@ -24,6 +24,17 @@ def shape_str(x) -> str:
     return "[" + ", ".join(str(d) for d in shape) + "]"
 
 
+def positive_int(name: str, value) -> int:
+    """``value`` as an ``int``; raise unless it is a positive integer.
+
+    A Python ``int`` or a NumPy integer scalar (``np.int64(8)``) passes. A bool, a float (even ``2.0``) or a
+    value below 1 is refused with one wording: ``"{name} must be a positive int, got {value!r}"``.
+    """
+    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+    return int(value)
+
+
 def check_min_rank(name: str, x, rank: int) -> None:
     """Raise unless ``x`` has at least ``rank`` axes."""
     if np.ndim(x) < rank:

@@ -44,6 +44,7 @@ from attn_jax.attention._checks import (
     check_floating,
     check_mask,
     check_min_rank,
+    positive_int,
     shape_str,
 )
 from attn_jax.attention._masks import sliding_window
@@ -368,13 +369,6 @@ def _static_scale(scale, width: int) -> float:
         ) from None
 
 
-def _check_chunk(name: str, size) -> int:
-    """A positive Python int."""
-    if isinstance(size, bool) or not isinstance(size, int | np.integer) or size < 1:
-        raise ValueError(f"{name} must be a positive int, got {size!r}")
-    return int(size)
-
-
 def chunked_dot_product_attention(
     query: Float[Array, "... T K"],
     key: Float[Array, "... S K"],
@@ -435,8 +429,8 @@ def chunked_dot_product_attention(
     Array([0. , 0.5, 1. , 1.5], dtype=float32)
     """
     logits_shape = _check_inputs(query, key, value, mask, bias)
-    q_chunk = _check_chunk("query_chunk", query_chunk)
-    kv_chunk = _check_chunk("key_chunk", key_chunk)
+    q_chunk = positive_int("query_chunk", query_chunk)
+    kv_chunk = positive_int("key_chunk", key_chunk)
     window = sliding_window(local_window)
     # Rows no pair reads (padding) may hold anything, NaN included: zero them before any product.
     query, key, value = zero_dead_inputs(
@@ -461,8 +455,8 @@ def _chunked_attention(
     logits_shape, query, key, value, mask, bias, *, causal, scale, window=None, query_chunk=512, key_chunk=512
 ):
     """:func:`chunked_dot_product_attention` on checked operands whose unread rows are already zero."""
-    q_chunk = _check_chunk("query_chunk", query_chunk)
-    kv_chunk = _check_chunk("key_chunk", key_chunk)
+    q_chunk = positive_int("query_chunk", query_chunk)
+    kv_chunk = positive_int("key_chunk", key_chunk)
     scale = _static_scale(scale, np.shape(query)[-1])
     batch, (t, s) = logits_shape[:-2], logits_shape[-2:]
     value = jnp.asarray(value)

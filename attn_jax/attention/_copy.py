@@ -30,6 +30,7 @@ from attn_jax.attention._checks import (
     check_floating,
     check_min_rank,
     check_padding_mask,
+    positive_int,
     shape_str,
 )
 from attn_jax.typing import Array, Bool, Float, Int
@@ -83,8 +84,7 @@ def copy_mass(
     check_min_rank("attention", attention, 1)
     check_floating("attention", attention)
     check_min_rank("src_ext_ids", src_ext_ids, 1)
-    if not isinstance(extended_size, int | np.integer) or extended_size < 1:
-        raise ValueError(f"extended_size must be a positive int, got {extended_size!r}")
+    positive_int("extended_size", extended_size)
     names, shapes = ["attention", "src_ext_ids"], [np.shape(attention), np.shape(src_ext_ids)]
     if src_mask is not None:
         check_padding_mask("src_mask", src_mask)

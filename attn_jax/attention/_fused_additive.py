@@ -28,7 +28,13 @@ import math
 import jax
 import jax.numpy as jnp
 
-from attn_jax.attention._checks import check_broadcastable, check_min_rank, check_rank, shape_str
+from attn_jax.attention._checks import (
+    check_broadcastable,
+    check_min_rank,
+    check_rank,
+    positive_int,
+    shape_str,
+)
 from attn_jax.typing import Array, Float
 
 __all__ = ["fused_additive_scores"]
@@ -172,8 +178,8 @@ def fused_additive_scores(
     if block_size is None:
         widest = max(1, _BLOCK_ELEMENTS // max(1, math.prod(batch) * s * a))
         block_size = -(-t // -(-t // widest)) if t else 1  # equal blocks: the least padding
-    elif isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
-        raise ValueError(f"block_size must be a positive int or None, got {block_size!r}")
+    else:
+        block_size = positive_int("block_size", block_size)
     q = jnp.asarray(q_proj, jnp.float32)
     if bias is not None:
         q = q + jnp.asarray(bias, jnp.float32)  # outside the custom_vjp: db = Σ dq comes from autodiff

@@ -35,8 +35,13 @@ import math
 import jax
 import jax.numpy as jnp
 
-from attn_jax.attention._additive import _positive_int
-from attn_jax.attention._checks import check_broadcastable, check_mask, check_min_rank, shape_str
+from attn_jax.attention._checks import (
+    check_broadcastable,
+    check_mask,
+    check_min_rank,
+    positive_int,
+    shape_str,
+)
 from attn_jax.attention._normalizers import check_normalizer, masked_normalize
 from attn_jax.attention._padding import finite_rows, live_rows, zero_rows
 from attn_jax.attention._softmax import weighted_context
@@ -98,8 +103,8 @@ def init_local_p_params(
     >>> {k: v.shape for k, v in init_local_p_params(jax.random.key(0), 4, 3).items()}
     {'w_p': (4, 3), 'v_p': (3,)}
     """
-    dq = _positive_int("query_features", query_features)
-    a = _positive_int("hidden", hidden)
+    dq = positive_int("query_features", query_features)
+    a = positive_int("hidden", hidden)
     k_w, k_v = jax.random.split(key)
     return {
         "w_p": (jax.random.normal(k_w, (dq, a), jnp.float32) / math.sqrt(dq)).astype(dtype),

@@ -18,8 +18,14 @@ import operator
 import jax
 import jax.numpy as jnp
 
-from attn_jax.attention._additive import _positive_int, additive_scores, project_keys
-from attn_jax.attention._checks import check_broadcastable, check_mask, check_min_rank, shape_str
+from attn_jax.attention._additive import additive_scores, project_keys
+from attn_jax.attention._checks import (
+    check_broadcastable,
+    check_mask,
+    check_min_rank,
+    positive_int,
+    shape_str,
+)
 from attn_jax.attention._normalizers import attend_normalized, check_normalizer
 from attn_jax.attention._padding import finite_rows, nan_unless
 from attn_jax.typing import Array, Bool, Float, PRNGKeyArray
@@ -92,8 +98,8 @@ def init_general_params(
     >>> init_general_params(jax.random.key(0), 4, 6)["w"].shape
     (4, 6)
     """
-    dq = _positive_int("query_features", query_features)
-    dk = _positive_int("key_features", key_features)
+    dq = positive_int("query_features", query_features)
+    dk = positive_int("key_features", key_features)
     return {"w": (jax.random.normal(key, (dq, dk), jnp.float32) / math.sqrt(dk)).astype(dtype)}
 
 
@@ -170,8 +176,8 @@ def init_location_params(
     >>> init_location_params(jax.random.key(0), 4, 50)["w"].shape
     (4, 50)
     """
-    dq = _positive_int("query_features", query_features)
-    smax = _positive_int("max_source_length", max_source_length)
+    dq = positive_int("query_features", query_features)
+    smax = positive_int("max_source_length", max_source_length)
     return {"w": (jax.random.normal(key, (dq, smax), jnp.float32) / math.sqrt(dq)).astype(dtype)}
 
 

@@ -25,6 +25,7 @@ from attn_jax.attention._checks import (
     check_floating,
     check_mask,
     check_min_rank,
+    positive_int,
     shape_str,
 )
 from attn_jax.attention._dot_product import dot_product_attention
@@ -102,8 +103,7 @@ def init_multi_head_params(
         ("qkv_features", qkv_features),
         ("out_features", out_features),
     ]:
-        if isinstance(n, bool) or not isinstance(n, int | np.integer) or n <= 0:
-            raise ValueError(f"{name} must be a positive int, got {n!r}")
+        positive_int(name, n)
     if num_heads % num_kv_heads:
         raise ValueError(
             f"num_kv_heads ({num_kv_heads}) must divide num_heads ({num_heads}): each key/value head serves "

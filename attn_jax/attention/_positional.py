@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from attn_jax.attention._checks import check_floating, check_min_rank, shape_str
+from attn_jax.attention._checks import check_floating, check_min_rank, positive_int, shape_str
 from attn_jax.typing import Array, Float, Int, PRNGKeyArray
 
 
@@ -98,8 +98,7 @@ def init_learned_positions(
     (16, 8)
     """
     for name, n in [("max_length", max_length), ("features", features)]:
-        if not _is_static_int(n) or n <= 0:
-            raise ValueError(f"{name} must be a positive int, got {n!r}")
+        positive_int(name, n)
     return 0.02 * jax.random.normal(key, (max_length, features), dtype)
 
 

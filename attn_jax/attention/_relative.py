@@ -19,14 +19,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from attn_jax.attention._checks import check_min_rank, position_offsets, shape_str
+from attn_jax.attention._checks import check_min_rank, position_offsets, positive_int, shape_str
 from attn_jax.attention._dot_product import dot_product_attention
 from attn_jax.typing import Array, Bool, Float, Int, PRNGKeyArray
 
 
 def _check_distance(max_distance) -> None:
-    if isinstance(max_distance, bool) or not isinstance(max_distance, int | np.integer) or max_distance < 1:
-        raise ValueError(f"max_distance must be a positive int, got {max_distance!r}")
+    positive_int("max_distance", max_distance)
 
 
 def relative_position_index(
@@ -79,8 +78,7 @@ def init_relative_embeddings(
     (9, 8)
     """
     _check_distance(max_distance)
-    if isinstance(features, bool) or not isinstance(features, int | np.integer) or features < 1:
-        raise ValueError(f"features must be a positive int, got {features!r}")
+    positive_int("features", features)
     return (jax.random.normal(key, (2 * max_distance + 1, features), jnp.float32) / np.sqrt(features)).astype(
         dtype
     )

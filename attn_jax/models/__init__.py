@@ -26,7 +26,9 @@ from attn_jax.models.rnnsearch import RNNsearch
 from attn_jax.models.transformer import (
     Transformer,
     TransformerConfig,
+    TransformerDecoderLayer,
     TransformerDecoderState,
+    TransformerEncoderLayer,
     transformer_base_config,
     transformer_cpu_config,
 )
@@ -46,7 +48,9 @@ __all__ = [
     "Seq2SeqModel",
     "Transformer",
     "TransformerConfig",
+    "TransformerDecoderLayer",
     "TransformerDecoderState",
+    "TransformerEncoderLayer",
     "build_model",
     "gather_batch",
     "gnmt_cpu_config",

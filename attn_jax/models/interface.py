@@ -25,6 +25,7 @@ from typing import Any, NamedTuple, Protocol, TypeVar
 import jax
 import jax.numpy as jnp
 
+from attn_jax.attention._checks import positive_int
 from attn_jax.typing import Array, Bool, Float, Int
 
 __all__ = [
@@ -113,8 +114,7 @@ def repeat_batch(tree: Any, n: int) -> Any:
     >>> repeat_batch({"x": jnp.array([1, 2])}, 3)["x"]
     Array([1, 1, 1, 2, 2, 2], dtype=int32)
     """
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise ValueError(f"repeat count must be a positive int, got {n!r}")
+    n = positive_int("repeat count", n)
     return jax.tree.map(lambda x: jnp.repeat(x, n, axis=0), tree)
 
 

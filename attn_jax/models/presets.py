@@ -13,6 +13,7 @@ from typing import Literal
 import jax.numpy as jnp
 
 from attn_jax.attention import NORMALIZERS
+from attn_jax.attention._checks import positive_int
 
 __all__ = ["ARCHS", "SCORERS", "RNNConfig", "paper_config", "small_config"]
 
@@ -104,9 +105,7 @@ class RNNConfig:
 
     def __post_init__(self):
         for name in ("src_vocab", "tgt_vocab", "embed", "hidden", "maxout", "align", "local_window"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"model config: {name} must be a positive int, got {value!r}")
+            object.__setattr__(self, name, positive_int(f"model config: {name}", getattr(self, name)))
         if self.arch not in ARCHS:
             raise ValueError(f"model config: arch must be one of {', '.join(ARCHS)}; got {self.arch!r}")
         if self.scorer not in SCORERS:

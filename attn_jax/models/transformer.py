@@ -70,6 +70,7 @@ import numpy as np
 from flax import nnx
 
 from attn_jax.attention._alibi import alibi_bias, alibi_slopes
+from attn_jax.attention._checks import positive_int
 from attn_jax.attention._dot_product import dot_product_attention
 from attn_jax.attention._masks import (
     key_padding_mask,
@@ -102,7 +103,9 @@ __all__ = [
     "SHARINGS",
     "Transformer",
     "TransformerConfig",
+    "TransformerDecoderLayer",
     "TransformerDecoderState",
+    "TransformerEncoderLayer",
     "TransformerIntermediates",
     "transformer_base_config",
     "transformer_cpu_config",
@@ -191,9 +194,7 @@ class TransformerConfig:
             "max_length",
             "max_relative_positions",
         ):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
-                raise ValueError(f"transformer config: {name} must be a positive int, got {value!r}")
+            object.__setattr__(self, name, positive_int(f"transformer config: {name}", getattr(self, name)))
         if self.arch != "transformer":
             raise ValueError(f"transformer config: arch must be 'transformer', got {self.arch!r}")
         if self.d_model % self.heads:
@@ -504,6 +505,242 @@ def _packed(src, tgt_in, src_segments, tgt_segments, src_positions, tgt_position
     )
 
 
+# ------------------------------------------------------------------------------------------------ layers
+
+
+def _layer_init(config: TransformerConfig, rngs, params, side: str) -> tuple[dict, dict]:
+    """A layer's plain parameters and their logical axis names: ``params`` as given, or drawn from ``rngs``.
+
+    ``params`` is one layer's, or a stack's with a leading ``layers`` axis (told apart by the rank of the FFN
+    norm's scale). Drawn parameters are one layer of a one-layer model, so they follow the model's initialisers.
+    """
+    if (rngs is None) == (params is None):
+        raise ValueError(f"Transformer{side.title()}Layer needs rngs or params, exactly one of them")
+    if params is None:
+        one = config.replace(encoder_layers=1, decoder_layers=1)
+        params = jax.tree.map(lambda a: a[0], _init_params(rngs.params(), one)[side])
+    stacked = np.ndim(params["ffn_norm"]["scale"]) == 2
+    return params, _STACK_NAMES if stacked else _LAYER_NAMES
+
+
+def _layer_params(layer: nnx.Module, names: tuple[str, ...]) -> dict:
+    """The plain pytree of a layer's parameters, keyed by sub-layer (``relative`` only when present)."""
+    return {n: unwrap(getattr(layer, n)) for n in names if hasattr(layer, n)}
+
+
+def _scan_layers(stack: nnx.Module, body, carry, xs):
+    """``lax.scan`` of ``body(layer, carry, x)`` over the layers of ``stack``, whose parameters have a leading
+    ``layers`` axis: one layer is traced and compiled, whatever the depth."""
+    graphdef, state = nnx.split(stack)
+
+    def step(carry, slices):
+        state, x = slices
+        return body(nnx.merge(graphdef, state), carry, x)
+
+    return jax.lax.scan(step, carry, (state, xs))
+
+
+class TransformerEncoderLayer(nnx.Module):
+    """One encoder layer (§3.1): self-attention over the source, then the FFN, each a residual sub-layer.
+
+    A sub-layer is ``LN(x + Dropout(f(x)))`` with ``norm="post"`` (the paper's) or ``x + Dropout(f(LN(x)))``
+    with ``"pre"``. The parameters are ``attention``, ``attention_norm``, ``ffn``, ``ffn_norm`` and, with
+    ``positions="relative"``, Shaw et al.'s ``relative`` key and value tables. :class:`Transformer` holds all
+    its encoder layers as one such module whose parameters have a leading ``layers`` axis, and scans over it.
+
+    Args:
+      config: the model's :class:`TransformerConfig`.
+      rngs: draws the parameters as the Transformer draws its layers'.
+      params: plain arrays instead: one layer's, or a stack's with a leading ``layers`` axis.
+
+    >>> cfg = TransformerConfig(src_vocab=11, tgt_vocab=13, d_model=8, heads=2, d_ff=16, max_length=8)
+    >>> layer = TransformerEncoderLayer(cfg, rngs=nnx.Rngs(0))
+    >>> layer(jnp.ones((2, 5, 8)), jnp.ones((2, 1, 1, 5), bool)).shape
+    (2, 5, 8)
+    """
+
+    _NAMES = ("attention", "attention_norm", "ffn", "ffn_norm", "relative")
+
+    def __init__(
+        self, config: TransformerConfig, *, rngs: nnx.Rngs | None = None, params: dict | None = None
+    ):
+        self.config = config
+        params, names = _layer_init(config, rngs, params, "encoder")
+        for name in self._NAMES:
+            if name in params:
+                setattr(self, name, nnx.Dict(wrap(params[name], names[name])))
+
+    def __call__(
+        self,
+        x: Float[Array, "B S D"],
+        mask: Bool[Array, "B 1 S|1 S"],
+        *,
+        keep: Bool[Array, "2 B S D"] | None = None,
+        rope_positions: Int[Array, "B S"] | None = None,
+    ) -> Float[Array, "B S D"]:
+        """The float32 residual stream ``x`` through both sub-layers.
+
+        Args:
+          x: ``[B, S, D]`` float32.
+          mask: True where a query may attend a key (padding, and segments of packed rows).
+          keep: the dropout keep-masks of the two sub-layers; ``None``: no dropout.
+          rope_positions: the RoPE positions of packed rows; ``None``: ``0..S-1``.
+        """
+        c = self.config
+        dtype = jnp.dtype(c.dtype)
+        p = _layer_params(self, self._NAMES)
+        src_pos = jnp.arange(x.shape[1])
+        positional = _positional(c, p.get("relative"), src_pos, src_pos)
+        rope = c.positions == "rope"
+
+        def attention(h):
+            return (
+                _self_attention(p["attention"], h, mask, rope, positional, c.normalizer, rope_positions)[0],
+                None,
+            )
+
+        def ffn(h):
+            return _ffn(p["ffn"], h), None
+
+        x, _ = _sublayer(c.norm, p["attention_norm"], x, attention, dtype, c.dropout, _mask(keep, 0))
+        x, _ = _sublayer(c.norm, p["ffn_norm"], x, ffn, dtype, c.dropout, _mask(keep, 1))
+        return x
+
+
+class TransformerDecoderLayer(nnx.Module):
+    """One decoder layer (§3.1): causal self-attention, cross-attention over the encoder output, then the FFN.
+
+    Each is a residual sub-layer, post- or pre-LN as in :class:`TransformerEncoderLayer`. The parameters are
+    ``self_attention``, ``cross_attention``, ``ffn``, a norm for each (``self_attention_norm``, ...) and, with
+    ``positions="relative"``, the ``relative`` tables of the self-attention. The cross-attention's keys and
+    values come precomputed (``kv``), once per source for every decoder layer. ``__call__`` runs all target
+    positions (teacher forcing); :meth:`step` runs one position against a key/value cache.
+
+    Args:
+      config: the model's :class:`TransformerConfig`.
+      rngs: draws the parameters as the Transformer draws its layers'.
+      params: plain arrays instead: one layer's, or a stack's with a leading ``layers`` axis.
+
+    >>> cfg = TransformerConfig(src_vocab=11, tgt_vocab=13, d_model=8, heads=2, d_ff=16, max_length=8)
+    >>> layer = TransformerDecoderLayer(cfg, rngs=nnx.Rngs(0))
+    >>> kv = jnp.ones((2, 2, 2, 5, 4))  # [B, keys|values, G, S, K]
+    >>> y, weights = layer(jnp.ones((2, 3, 8)), kv, make_causal_mask(3), jnp.ones((2, 1, 1, 5), bool))
+    >>> y.shape, weights.shape
+    ((2, 3, 8), (2, 2, 3, 5))
+    """
+
+    _NAMES = (
+        "self_attention",
+        "self_attention_norm",
+        "cross_attention",
+        "cross_attention_norm",
+        "ffn",
+        "ffn_norm",
+        "relative",
+    )
+
+    def __init__(
+        self, config: TransformerConfig, *, rngs: nnx.Rngs | None = None, params: dict | None = None
+    ):
+        self.config = config
+        params, names = _layer_init(config, rngs, params, "decoder")
+        for name in self._NAMES:
+            if name in params:
+                setattr(self, name, nnx.Dict(wrap(params[name], names[name])))
+
+    def __call__(
+        self,
+        y: Float[Array, "B T D"],
+        kv: Float[Array, "B 2 G S K"],
+        self_mask: Bool[Array, "B|1 1 T T"],
+        cross_mask: Bool[Array, "B 1 T|1 S"],
+        *,
+        keep: Bool[Array, "3 B T D"] | None = None,
+        rope_positions: Int[Array, "B T"] | None = None,
+    ) -> tuple[Float[Array, "B T D"], Float[Array, "B H T S"]]:
+        """Teacher forcing over all target positions: ``(y, cross-attention weights)``.
+
+        Args:
+          y: ``[B, T, D]`` float32, the residual stream.
+          kv: this layer's precomputed cross-attention keys (``kv[:, 0]``) and values (``kv[:, 1]``).
+          self_mask: the self-attention's mask (causal, and segments of packed rows).
+          cross_mask: the cross-attention's mask (source padding, and segments of packed rows).
+          keep: the dropout keep-masks of the three sub-layers; ``None``: no dropout.
+          rope_positions: the RoPE positions of packed rows; ``None``: ``0..T-1``.
+        """
+        c = self.config
+        p = _layer_params(self, self._NAMES)
+        tgt_pos = jnp.arange(y.shape[1])
+        positional = _positional(c, p.get("relative"), tgt_pos, tgt_pos)
+        rope = c.positions == "rope"
+
+        def self_attention(h):
+            out = _self_attention(
+                p["self_attention"], h, self_mask, rope, positional, c.normalizer, rope_positions
+            )
+            return out[0], None
+
+        y, weights, _ = self._sublayers(p, y, self_attention, kv, cross_mask, keep)
+        return y, weights
+
+    def step(
+        self,
+        y: Float[Array, "B 1 D"],
+        kv: Float[Array, "B 2 G S K"],
+        cache: tuple[Float[Array, "B G C K"], Float[Array, "B G C K"]],
+        position: Int[Array, " B"],
+        cross_mask: Bool[Array, "B 1 1 S"],
+    ):
+        """One target position ``t`` from the cache: ``(y, cross-attention weights [B, H, 1, S], new cache)``.
+
+        The new position's key and value go into slot ``t`` of ``cache`` (``(keys, values)``), and its query
+        attends slots ``0..t``: teacher forcing's row ``t``, without recomputing earlier positions.
+        """
+        c = self.config
+        p = _layer_params(self, self._NAMES)
+        cache_k, cache_v = cache
+        capacity = cache_k.shape[2]
+        slot = (jnp.arange(capacity)[None, :] == position[:, None])[:, None, :, None]  # [B, 1, C, 1]
+        visible = make_padding_mask(position + 1, capacity)[:, None, None, :]  # [B, 1, 1, C]: keys j <= t
+        # query position t over cache slots 0..C-1: teacher forcing's row t (masked slots get weight 0)
+        positional = _positional(c, p.get("relative"), position[:, None], jnp.arange(capacity)[None, :])
+        pa = p["self_attention"]
+
+        def self_attention(h):
+            q, k, v = (project_heads(pa[n], h) for n in _QKV)  # [B, H, 1, K], [B, G, 1, K], [B, G, 1, K]
+            if c.positions == "rope":
+                q = rotary_embedding(q, position[:, None, None])
+                k = rotary_embedding(k, position[:, None, None])
+            keys, values = jnp.where(slot, k, cache_k), jnp.where(slot, v, cache_v)
+            out, _ = _attend_heads(pa["out"], q, keys, values, visible, positional, c.normalizer)
+            return out, (keys, values)
+
+        return self._sublayers(p, y, self_attention, kv, cross_mask, None)
+
+    def _sublayers(self, p, y, self_attention, kv, cross_mask, keep):
+        """Self-attention (``self_attention(h) -> (out, aux)``), cross-attention, FFN: ``(y, weights, aux)``."""
+        c = self.config
+        dtype = jnp.dtype(c.dtype)
+
+        def cross_attention(h):
+            q = project_heads(p["cross_attention"]["query"], h)  # [B, H, T, K]
+            return _attend_heads(
+                p["cross_attention"]["out"], q, kv[:, 0], kv[:, 1], cross_mask, normalizer=c.normalizer
+            )
+
+        def ffn(h):
+            return _ffn(p["ffn"], h), None
+
+        y, aux = _sublayer(
+            c.norm, p["self_attention_norm"], y, self_attention, dtype, c.dropout, _mask(keep, 0)
+        )
+        y, weights = _sublayer(
+            c.norm, p["cross_attention_norm"], y, cross_attention, dtype, c.dropout, _mask(keep, 1)
+        )
+        y, _ = _sublayer(c.norm, p["ffn_norm"], y, ffn, dtype, c.dropout, _mask(keep, 2))
+        return y, weights, aux
+
+
 # ------------------------------------------------------------------------------------------------ module
 
 
@@ -534,8 +771,9 @@ class Transformer(nnx.Module):
             nnx.data(partitioned(p[name], (None, "embed")) if name in p else None)
             for name in ("src_positions", "tgt_positions")
         )
-        self.encoder = nnx.Dict(_wrap_stack(p["encoder"]))
-        self.decoder = nnx.Dict(_wrap_stack(p["decoder"]))
+        # every layer in one module, parameters stacked on a leading "layers" axis: one scan per stack
+        self.encoder = TransformerEncoderLayer(c, params=p["encoder"])
+        self.decoder = TransformerDecoderLayer(c, params=p["decoder"])
         pre = c.norm == "pre"
         self.encoder_norm = nnx.data(nnx.Dict(wrap(_norm_params(c), _NORM_NAMES)) if pre else None)
         self.decoder_norm = nnx.data(nnx.Dict(wrap(_norm_params(c), _NORM_NAMES)) if pre else None)
@@ -613,34 +851,19 @@ class Transformer(nnx.Module):
         mask = key_padding_mask(src_mask)[:, None]  # [B, 1, 1, S]: padded keys hidden from every head
         if packed is not None:  # [B, 1, S, S]: and only keys of the query's own segment
             mask = jnp.logical_and(mask, make_segment_mask(packed.src_segments, packed.src_segments)[:, None])
-        rope = c.positions == "rope"
-        src_pos = jnp.arange(src.shape[1])
         rope_pos = None if packed is None else packed.src_positions
 
-        def layer(x, xs):
-            p, keep = xs  # keep: [2, B, S, D] or None
-            positional = _positional(c, p.get("relative"), src_pos, src_pos)
-
-            def attention(h):
-                return (
-                    _self_attention(p["attention"], h, mask, rope, positional, c.normalizer, rope_pos)[0],
-                    None,
-                )
-
-            def ffn(h):
-                return _ffn(p["ffn"], h), None
-
-            x, _ = _sublayer(c.norm, p["attention_norm"], x, attention, dtype, c.dropout, _mask(keep, 0))
-            x, _ = _sublayer(c.norm, p["ffn_norm"], x, ffn, dtype, c.dropout, _mask(keep, 1))
+        def layer(encoder_layer, x, keep):  # keep: [2, B, S, D] or None
+            x = encoder_layer(x, mask, keep=keep, rope_positions=rope_pos)
             return x, (x if collect else None)
 
         if keep is not None:
             keep = keep[1:].reshape(c.encoder_layers, 2, *keep.shape[1:])
-        x, per_layer = jax.lax.scan(layer, x, (unwrap(self.encoder), keep))
+        x, per_layer = _scan_layers(self.encoder, layer, x, keep)
         if self.encoder_norm is not None:
             x = _layer_norm(unwrap(self.encoder_norm), x)
         memory = jnp.where(src_mask[..., None], x, 0.0).astype(dtype)  # zero at padding
-        cross = unwrap(self.decoder)["cross_attention"]
+        cross = unwrap(self.decoder.cross_attention)
         # Every decoder layer's cross-attention keys and values, once per source batch: [B, L_dec, G, S, K].
         k, v = (
             jax.vmap(project_heads, in_axes=(0, None), out_axes=1)(cross[n], memory) for n in ("key", "value")
@@ -663,7 +886,6 @@ class Transformer(nnx.Module):
     def _decode(self, enc: EncoderOutput, tgt_in, keep, collect: bool, packed: _Packed | None = None):
         """Teacher-forced decoder over all positions: ``(final y [B, T, D], per-layer ys)``."""
         c = self.config
-        dtype = jnp.dtype(c.dtype)
         t = tgt_in.shape[1]
         self._check_length("tgt_in", t)
         positions = self.tgt_positions[...] if self.tgt_positions is not None else None
@@ -679,24 +901,16 @@ class Transformer(nnx.Module):
             cross_mask = jnp.logical_and(
                 cross_mask, make_segment_mask(tgt_seg, src_seg)[:, None]
             )  # [B, 1, T, S]
-        rope = c.positions == "rope"
-        tgt_pos = jnp.arange(t)
         rope_pos = None if packed is None else packed.tgt_positions
 
-        def layer(y, xs):
-            p, kv, keep = xs  # keep: [3, B, T, D] or None
-            positional = _positional(c, p.get("relative"), tgt_pos, tgt_pos)
-
-            def self_attention(pa, h):
-                return _self_attention(pa, h, causal, rope, positional, c.normalizer, rope_pos)
-
-            y, w = _decoder_layer(c, p, y, self_attention, kv, cross_mask, dtype, keep)
+        def layer(decoder_layer, y, xs):
+            kv, keep = xs  # keep: [3, B, T, D] or None
+            y, w = decoder_layer(y, kv, causal, cross_mask, keep=keep, rope_positions=rope_pos)
             return y, ((w, y) if collect else jnp.mean(w, axis=1))  # heads averaged: [B, T, S]
 
         if keep is not None:
             keep = keep[1:].reshape(c.decoder_layers, 3, *keep.shape[1:])
-        xs = (unwrap(self.decoder), jnp.moveaxis(enc.keys, 1, 0), keep)
-        y, per_layer = jax.lax.scan(layer, y, xs)
+        y, per_layer = _scan_layers(self.decoder, layer, y, (jnp.moveaxis(enc.keys, 1, 0), keep))
         if self.decoder_norm is not None:
             y = _layer_norm(unwrap(self.decoder_norm), y)
         return y, per_layer
@@ -707,12 +921,7 @@ class Transformer(nnx.Module):
         """An empty key/value cache of ``cache_length`` (default ``config.max_length``) positions, position 0."""
         c = self.config
         cache_length = c.max_length if cache_length is None else cache_length
-        if (
-            isinstance(cache_length, bool)
-            or not isinstance(cache_length, int | np.integer)
-            or cache_length < 1
-        ):
-            raise ValueError(f"cache_length must be a positive int, got {cache_length!r}")
+        cache_length = positive_int("cache_length", cache_length)
         batch = enc.mask.shape[0]
         shape = (batch, c.decoder_layers, c.kv_heads, int(cache_length), c.head_dim)
         zeros = jnp.zeros(shape, jnp.dtype(c.dtype))
@@ -727,7 +936,6 @@ class Transformer(nnx.Module):
         the heatmaps use). Logits are NaN once ``state.position`` reaches the cache length.
         """
         c = self.config
-        dtype = jnp.dtype(c.dtype)
         batch = enc.mask.shape[0]
         check_tokens("prev_tokens", prev_tokens, batch, rank=1)
         capacity = state.keys.shape[3]
@@ -739,35 +947,15 @@ class Transformer(nnx.Module):
         pos = state.position  # [B]
         positions = self.tgt_positions[...] if self.tgt_positions is not None else None
         y = self._embed(self.tgt_embed[...], positions, prev_tokens[:, None], pos[:, None], None)  # [B, 1, D]
-        slot = (jnp.arange(capacity)[None, :] == pos[:, None])[:, None, :, None]  # [B, 1, C, 1]
-        visible = make_padding_mask(pos + 1, capacity)[:, None, None, :]  # [B, 1, 1, C]: keys j <= t
         cross_mask = key_padding_mask(enc.mask)[:, None]  # [B, 1, 1, S]
-        rope = c.positions == "rope"
 
-        def layer(y, xs):
-            p, kv, cache_k, cache_v = xs  # cache: [B, G, C, K]
-            # query position t over cache slots 0..C-1: teacher forcing's row t (masked slots get weight 0)
-            positional = _positional(c, p.get("relative"), pos[:, None], jnp.arange(capacity)[None, :])
-
-            def self_attention(pa, h):
-                q, k, v = (project_heads(pa[n], h) for n in _QKV)  # [B, H, 1, K], [B, G, 1, K], [B, G, 1, K]
-                if rope:
-                    q = rotary_embedding(q, pos[:, None, None])
-                    k = rotary_embedding(k, pos[:, None, None])
-                cache_k2, cache_v2 = jnp.where(slot, k, cache_k), jnp.where(slot, v, cache_v)
-                out, w = _attend_heads(pa["out"], q, cache_k2, cache_v2, visible, positional, c.normalizer)
-                return (out, (cache_k2, cache_v2)), w
-
-            y, w, cache = _decoder_layer(c, p, y, self_attention, kv, cross_mask, dtype, None, with_aux=True)
+        def layer(decoder_layer, y, xs):
+            kv, cache_k, cache_v = xs  # cache: [B, G, C, K]
+            y, w, cache = decoder_layer.step(y, kv, (cache_k, cache_v), pos, cross_mask)
             return y, (cache, jnp.mean(w[:, :, 0], axis=1))  # [B, S]
 
-        xs = (
-            unwrap(self.decoder),
-            jnp.moveaxis(enc.keys, 1, 0),
-            jnp.moveaxis(state.keys, 1, 0),
-            jnp.moveaxis(state.values, 1, 0),
-        )
-        y, ((keys, values), weights) = jax.lax.scan(layer, y, xs)
+        xs = (jnp.moveaxis(enc.keys, 1, 0), jnp.moveaxis(state.keys, 1, 0), jnp.moveaxis(state.values, 1, 0))
+        y, ((keys, values), weights) = _scan_layers(self.decoder, layer, y, xs)
         if self.decoder_norm is not None:
             y = _layer_norm(unwrap(self.decoder_norm), y)
         logits = self._logits(y[:, 0])
@@ -838,33 +1026,6 @@ class Transformer(nnx.Module):
         return self.intermediates(src, src_mask, tgt_in).cross_attention
 
 
-def _decoder_layer(c: TransformerConfig, p, y, self_attention, kv, cross_mask, dtype, keep, with_aux=False):
-    """Self-attention (``self_attention(p, h) -> ((out, aux), w)`` or ``(out, w)``), cross-attention, FFN.
-
-    ``kv`` is the layer's precomputed ``[B, 2, G, S, K]`` cross keys/values. Returns ``(y, cross weights
-    [B, H, T, S])``, plus the self-attention's aux when ``with_aux``.
-    """
-
-    def sa(h):
-        result, _ = self_attention(p["self_attention"], h)
-        return result if with_aux else (result, None)
-
-    def ca(h):
-        q = project_heads(p["cross_attention"]["query"], h)  # [B, H, T, K]
-        return _attend_heads(
-            p["cross_attention"]["out"], q, kv[:, 0], kv[:, 1], cross_mask, normalizer=c.normalizer
-        )
-
-    y, aux = _sublayer(c.norm, p["self_attention_norm"], y, sa, dtype, c.dropout, _mask(keep, 0))
-    y, weights = _sublayer(c.norm, p["cross_attention_norm"], y, ca, dtype, c.dropout, _mask(keep, 1))
-
-    def ffn(h):
-        return _ffn(p["ffn"], h), None
-
-    y, _ = _sublayer(c.norm, p["ffn_norm"], y, ffn, dtype, c.dropout, _mask(keep, 2))
-    return (y, weights, aux) if with_aux else (y, weights)
-
-
 # -------------------------------------------------------------------------------------------- parameters
 
 _MHA_NAMES = {
@@ -884,24 +1045,19 @@ def _stacked_names(names):
     return ("layers", *names)
 
 
-_STACK_NAMES = _stacked_names(
-    {
-        "attention": _MHA_NAMES,
-        "self_attention": _MHA_NAMES,
-        "cross_attention": _MHA_NAMES,
-        "attention_norm": _NORM_NAMES,
-        "self_attention_norm": _NORM_NAMES,
-        "cross_attention_norm": _NORM_NAMES,
-        "ffn": _FFN_NAMES,
-        "ffn_norm": _NORM_NAMES,
-        "relative": {"keys": (None, "kv"), "values": (None, "kv")},
-    }
-)
-
-
-def _wrap_stack(params: dict) -> dict:
-    """A stack's plain parameters as named ``nnx.Param``s (``nnx.Dict`` per sub-layer)."""
-    return {k: nnx.Dict(wrap(v, _STACK_NAMES[k])) for k, v in params.items()}
+# One layer's logical axis names; a stack's have "layers" in front.
+_LAYER_NAMES = {
+    "attention": _MHA_NAMES,
+    "self_attention": _MHA_NAMES,
+    "cross_attention": _MHA_NAMES,
+    "attention_norm": _NORM_NAMES,
+    "self_attention_norm": _NORM_NAMES,
+    "cross_attention_norm": _NORM_NAMES,
+    "ffn": _FFN_NAMES,
+    "ffn_norm": _NORM_NAMES,
+    "relative": {"keys": (None, "kv"), "values": (None, "kv")},
+}
+_STACK_NAMES = _stacked_names(_LAYER_NAMES)
 
 
 def _norm_params(c: TransformerConfig, *lead: int) -> dict:

@@ -64,6 +64,7 @@ from attn_jax.attention._checks import (
     check_min_rank,
     check_padding_mask,
     check_size,
+    positive_int,
     shape_str,
 )
 from attn_jax.attention._masks import combine_masks, make_causal_mask
@@ -75,13 +76,6 @@ from attn_jax.typing import Array, Bool, Float, PRNGKeyArray
 __all__ = ["BidirectionalIntraGRU", "IntraGRU", "init_intra_params", "intra_gru_scan"]
 
 _INTRA_KEYS = ("w_h", "w_x", "w_tilde", "v", "b")
-
-
-def _positive_int(name: str, value) -> int:
-    """Return ``value``, or raise unless it is a positive int."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
-    return value
 
 
 def init_intra_params(
@@ -109,9 +103,9 @@ def init_intra_params(
     >>> {k: v.shape for k, v in sorted(p.items())}
     {'b': (5,), 'v': (5,), 'w_h': (3, 5), 'w_tilde': (3, 5), 'w_x': (4, 5)}
     """
-    din = _positive_int("input_features", input_features)
-    n = _positive_int("hidden", hidden)
-    a = _positive_int("attention_dim", attention_dim)
+    din = positive_int("input_features", input_features)
+    n = positive_int("hidden", hidden)
+    a = positive_int("attention_dim", attention_dim)
     k_h, k_x, k_t, k_v = jax.random.split(key, 4)
     normal = lambda k, shape, fan_in: (jax.random.normal(k, shape, jnp.float32) / math.sqrt(fan_in)).astype(
         dtype

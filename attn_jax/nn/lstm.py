@@ -40,7 +40,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from attn_jax.attention._checks import check_min_rank, check_padding_mask, check_size, shape_str
+from attn_jax.attention._checks import check_min_rank, check_padding_mask, check_size, positive_int, shape_str
 from attn_jax.nn._params import unwrap, wrap
 from attn_jax.nn.recurrent import linear
 from attn_jax.typing import Array, Bool, Float, PRNGKeyArray
@@ -85,12 +85,6 @@ def zero_lstm_state(shape: tuple[int, ...], hidden: int) -> LSTMState:
     return LSTMState(h=zeros, cell=zeros)
 
 
-def _positive(name: str, value) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
-    return value
-
-
 def init_lstm_params(
     key: PRNGKeyArray,
     input_features: int,
@@ -118,9 +112,9 @@ def init_lstm_params(
     >>> {k: v.shape for k, v in sorted(p.items())}, p["b"][1].tolist()
     ({'b': (4, 3), 'u': (3, 4, 3), 'w_c': (7, 4, 3), 'w_x': (5, 4, 3)}, [1.0, 1.0, 1.0])
     """
-    din, n = _positive("input_features", input_features), _positive("hidden", hidden)
+    din, n = positive_int("input_features", input_features), positive_int("hidden", hidden)
     if context_features is not None:
-        _positive("context_features", context_features)
+        positive_int("context_features", context_features)
     k_x, k_u, k_c = jax.random.split(key, 3)
 
     def uniform(k, shape):
@@ -150,7 +144,7 @@ def init_lstm_stack_params(
     >>> init_lstm_stack_params(jax.random.key(0), 2, 3, 3)["u"].shape
     (2, 3, 4, 3)
     """
-    _positive("num_layers", num_layers)
+    positive_int("num_layers", num_layers)
     keys = jax.random.split(key, num_layers)
     return jax.vmap(
         lambda k: init_lstm_params(k, input_features, hidden, context_features=context_features, dtype=dtype)

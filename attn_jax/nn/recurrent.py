@@ -38,7 +38,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from attn_jax.attention._checks import check_min_rank, check_padding_mask, check_size, shape_str
+from attn_jax.attention._checks import check_min_rank, check_padding_mask, check_size, positive_int, shape_str
 from attn_jax.nn._params import unwrap, wrap
 from attn_jax.typing import Array, Bool, Float, PRNGKeyArray
 
@@ -99,9 +99,7 @@ def init_gru_params(
     >>> {k: v.shape for k, v in sorted(p.items())}
     {'b': (3, 3), 'u': (3, 3, 3), 'w_c': (6, 3, 3), 'w_x': (4, 3, 3)}
     """
-    for name, value in (("input_features", input_features), ("hidden", hidden)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be a positive int, got {value!r}")
+    input_features, hidden = positive_int("input_features", input_features), positive_int("hidden", hidden)
     k_x, k_u, k_c = jax.random.split(key, 3)
     ortho = jax.nn.initializers.orthogonal()
     u = jnp.stack([ortho(k, (hidden, hidden), jnp.float32) for k in jax.random.split(k_u, 3)], axis=1)
@@ -111,12 +109,7 @@ def init_gru_params(
         "b": jnp.zeros((3, hidden), dtype),
     }
     if context_features is not None:
-        if (
-            isinstance(context_features, bool)
-            or not isinstance(context_features, int)
-            or context_features < 1
-        ):
-            raise ValueError(f"context_features must be a positive int or None, got {context_features!r}")
+        context_features = positive_int("context_features", context_features)
         params["w_c"] = (
             _INPUT_STD * jax.random.normal(k_c, (context_features, 3, hidden), jnp.float32)
         ).astype(dtype)

@@ -479,7 +479,7 @@ def row_dot_product(ctx: Ctx) -> Section:
         sec.notes.append(f"PyTorch SDPA backend for these inputs: {_torch_backend(ctx, (b, h, 256, d))}.")
     sec.notes.append(
         "`path` is what `implementation=None` chose: `xla` (plain), `chunked` (one head's logits ≥ 512² on the "
-        "CPU, ≥ 4096² elsewhere; see `attn_jax/attention/_dot_product.py`) or `cudnn`. On the CPU the chunked "
+        "CPU, ≥ 4096² elsewhere; see `attn_jax/attention/_dispatch.py`) or `cudnn`. On the CPU the chunked "
         "kernel loops over (batch, head) with `lax.map`, so each step's 512 × 512 block stays in cache."
     )
     return sec

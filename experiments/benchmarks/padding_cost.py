@@ -23,7 +23,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+import attn_jax.attention._dispatch as dispatch
 import attn_jax.attention._dot_product as dp
+import attn_jax.attention._plain as plain
 from attn_jax.attention._padding import zero_dead_inputs
 
 
@@ -38,12 +40,12 @@ def main() -> None:
     lengths = np.array([length, length * 7 // 8, length * 3 // 4, length * 5 // 8])
     mask = jnp.asarray(np.arange(length)[None, None, None, :] < lengths[:, None, None, None])  # [B, 1, 1, S]
     bias = jnp.asarray(rng.standard_normal((h, length, length)), jnp.float32).at[:, 5].set(-jnp.inf)
-    real = dp.zero_dead_inputs, dp.allowed_pairs
+    real = dispatch.zero_dead_inputs, dispatch.allowed_pairs, plain.allowed_pairs
 
     def program(zeroing: bool, m, bias, **kw):
         if not zeroing:
-            dp.zero_dead_inputs = lambda q, k, v, *a, **_: (q, k, v)
-            dp.allowed_pairs = lambda mask, bias: mask
+            dispatch.zero_dead_inputs = lambda q, k, v, *a, **_: (q, k, v)
+            dispatch.allowed_pairs = plain.allowed_pairs = lambda mask, bias: mask
         try:
 
             def fwd_bwd(q, k, v, g, m, bias):
@@ -52,7 +54,7 @@ def main() -> None:
 
             compiled = jax.jit(fwd_bwd).lower(q, k, v, g, m, bias).compile()
         finally:
-            dp.zero_dead_inputs, dp.allowed_pairs = real
+            dispatch.zero_dead_inputs, dispatch.allowed_pairs, plain.allowed_pairs = real
         return lambda: jax.block_until_ready(compiled(q, k, v, g, m, bias))
 
     cases = [
