@@ -113,19 +113,9 @@ def add_data_parser(subparsers) -> argparse.ArgumentParser:
         "--out", metavar="DIR", help="with --prepare: the directory to write (default: from --workdir)"
     )
     p.set_defaults(func=run_data, overrides=[])
+    from attn_jax.cli._train import accept_config_overrides
 
-    parse_known_args = p.parse_known_args
-
-    def parse_with_overrides(args=None, namespace=None):
-        from attn_jax.cli._train import _split_overrides
-
-        overrides, rest = _split_overrides(list(sys.argv[1:] if args is None else args))
-        ns, extras = parse_known_args(rest, namespace)
-        ns.overrides = overrides
-        return ns, extras
-
-    # --config.KEY=VALUE overrides of a training config, for --prepare; taken out before parsing.
-    p.parse_known_args = parse_with_overrides
+    accept_config_overrides(p)  # --config.KEY=VALUE overrides of a training config, for --prepare
     return p
 
 

@@ -175,7 +175,15 @@ def add_train_parser(subparsers) -> argparse.ArgumentParser:
         "noticed at once (default: %(default)s)",
     )
     p.set_defaults(func=run_train, overrides=[])
+    accept_config_overrides(p)
+    return p
 
+
+def accept_config_overrides(p: argparse.ArgumentParser) -> None:
+    """Let subcommand ``p`` take ``--config.KEY=VALUE`` overrides into ``args.overrides``.
+
+    argparse cannot declare "any --config.<key>" option, so they are taken out before parsing.
+    """
     parse_known_args = p.parse_known_args
 
     def parse_with_overrides(args=None, namespace=None):
@@ -184,9 +192,7 @@ def add_train_parser(subparsers) -> argparse.ArgumentParser:
         ns.overrides = overrides
         return ns, extras
 
-    # argparse cannot declare "any --config.<key>" options: the subcommand takes them out before parsing.
     p.parse_known_args = parse_with_overrides
-    return p
 
 
 def _error(message: str, status: int) -> int:

@@ -237,19 +237,7 @@ def corpus_chrf(
     >>> round(r.score, 6), r.num_sentences
     (100.0, 1)
     """
-    _check_pairs(hypotheses, references)
-    if not hypotheses:
-        raise ValueError("corpus_chrf: no sentences to score")
-    check_detokenize(detokenize, detokenize_lang)
-    with needed_by("chrF"):
-        from sacrebleu.metrics import CHRF
-
-    metric = CHRF()
-    hyps = _detokenize(hypotheses, detokenize, detokenize_lang)
-    refs = _detokenize(references, detokenize, detokenize_lang)
-    score = metric.corpus_score(list(hyps), [list(refs)])
-    suffix = "" if detokenize == "none" else f"|detok:{detokenize}-{detokenize_lang}"
-    return ChrfResult(float(score.score), str(metric.get_signature()) + suffix, len(hyps))
+    return ChrfResult(*_sacrebleu_corpus("CHRF", "chrF", hypotheses, references, detokenize, detokenize_lang))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -285,19 +273,27 @@ def corpus_ter(
     >>> round(r.score, 4), r.num_sentences
     (14.2857, 1)
     """
+    return TerResult(*_sacrebleu_corpus("TER", "TER", hypotheses, references, detokenize, detokenize_lang))
+
+
+def _sacrebleu_corpus(
+    metric_name: str, label: str, hypotheses, references, detokenize: str, detokenize_lang: str
+) -> tuple[float, str, int]:
+    """``(score, signature, sentences)`` of sacreBLEU's ``metric_name`` at its defaults, both sides detokenised
+    as asked; the signature ends in ``|detok:...`` when they were."""
     _check_pairs(hypotheses, references)
     if not hypotheses:
-        raise ValueError("corpus_ter: no sentences to score")
+        raise ValueError(f"corpus_{label.lower()}: no sentences to score")
     check_detokenize(detokenize, detokenize_lang)
-    with needed_by("TER"):
-        from sacrebleu.metrics import TER
+    with needed_by(label):
+        from sacrebleu import metrics
 
-    metric = TER()
+    metric = getattr(metrics, metric_name)()
     hyps = _detokenize(hypotheses, detokenize, detokenize_lang)
     refs = _detokenize(references, detokenize, detokenize_lang)
     score = metric.corpus_score(list(hyps), [list(refs)])
     suffix = "" if detokenize == "none" else f"|detok:{detokenize}-{detokenize_lang}"
-    return TerResult(float(score.score), str(metric.get_signature()) + suffix, len(hyps))
+    return float(score.score), str(metric.get_signature()) + suffix, len(hyps)
 
 
 @dataclasses.dataclass(frozen=True)
