@@ -9,6 +9,7 @@ import sys
 import attn_jax.pipeline as pipeline
 
 PUBLIC = {
+    "WEIGHTS",
     "HeatmapPick",
     "LengthLimitReport",
     "LoadedModel",
@@ -42,7 +43,8 @@ PUBLIC = {
 
 def test_public_names_are_exported_and_documented():
     assert set(pipeline.__all__) == PUBLIC
-    for name in PUBLIC:
+    assert pipeline.WEIGHTS == ("raw", "ema")  # the one constant: what --weights accepts
+    for name in PUBLIC - {"WEIGHTS"}:
         obj = getattr(pipeline, name)
         assert obj.__module__.startswith("attn_jax.pipeline._"), name
         assert (obj.__doc__ or "").strip(), f"{name} has no docstring"
