@@ -205,11 +205,11 @@ def corpus_bleu(
 
 
 @dataclasses.dataclass(frozen=True)
-class ChrfResult:
-    """Corpus chrF of one set of sentences, with the sacreBLEU signature that makes it reproducible.
+class CorpusScore:
+    """A corpus chrF or TER of one set of sentences, with the sacreBLEU signature that makes it reproducible.
 
     Attributes:
-      score: chrF in [0, 100].
+      score: chrF in [0, 100], or TER in percent (edits per reference word; lower is better, may exceed 100).
       signature: sacreBLEU's signature, e.g. ``nrefs:1|case:mixed|eff:yes|nc:6|nw:0|space:no|version:2.6.0``,
         followed by ``|detok:moses-fr`` when the sentences were detokenised before scoring.
       num_sentences: number of hypothesis/reference pairs scored.
@@ -218,6 +218,10 @@ class ChrfResult:
     score: float
     signature: str
     num_sentences: int
+
+
+ChrfResult = CorpusScore  # what corpus_chrf returns
+TerResult = CorpusScore  # what corpus_ter returns
 
 
 def corpus_chrf(
@@ -238,22 +242,6 @@ def corpus_chrf(
     (100.0, 1)
     """
     return ChrfResult(*_sacrebleu_corpus("CHRF", "chrF", hypotheses, references, detokenize, detokenize_lang))
-
-
-@dataclasses.dataclass(frozen=True)
-class TerResult:
-    """Corpus TER of one set of sentences, with the sacreBLEU signature that makes it reproducible.
-
-    Attributes:
-      score: TER in percent (edits per reference word; lower is better, may exceed 100).
-      signature: sacreBLEU's signature, e.g. ``nrefs:1|case:lc|tok:tercom|norm:no|punct:yes|asian:no|version:2.6.0``,
-        followed by ``|detok:moses-fr`` when the sentences were detokenised before scoring.
-      num_sentences: number of hypothesis/reference pairs scored.
-    """
-
-    score: float
-    signature: str
-    num_sentences: int
 
 
 def corpus_ter(
