@@ -122,16 +122,18 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # so the run can import "own_model"
 
-    from attn_jax.pipeline import evaluate_workdir, load_model, translate_sentences
+    from attn_jax.pipeline import DecodeOptions, evaluate_workdir, load_model, translate_sentences
     from attn_jax.train import train_and_evaluate
 
     train_and_evaluate(run_config(args.steps), args.out)
     loaded = load_model(args.out)
     ((best, *_),) = translate_sentences(
-        loaded, ["the purple teapot threw the student across bracelets ."], beam_size=4
+        loaded, ["the purple teapot threw the student across bracelets ."], DecodeOptions(beam_size=4)
     )
     print("translation:", best.text)
-    result = evaluate_workdir(args.out, split="test", beam_size=4, max_examples=100, log=print)
+    result = evaluate_workdir(
+        args.out, split="test", decode=DecodeOptions(beam_size=4), max_examples=100, log=print
+    )
     print(f"test BLEU {result['bleu']:.2f}, AER {100 * result['aer']['aer']:.1f} %")
     return 0
 

@@ -11,7 +11,7 @@ import pytest
 import sacrebleu
 
 from attn_jax.cli import main
-from attn_jax.pipeline import evaluate_workdir, load_model, load_split, select_examples
+from attn_jax.pipeline import DecodeOptions, evaluate_workdir, load_model, load_split, select_examples
 from tests.test_cli_translate import make_run
 
 
@@ -19,7 +19,9 @@ from tests.test_cli_translate import make_run
 def evaluated(tmp_path_factory):
     run = make_run(tmp_path_factory.mktemp("run"))
     out = tmp_path_factory.mktemp("eval")
-    result = evaluate_workdir(run, split="test", beam_size=2, max_examples=9, out_dir=out, num_heatmaps=2)
+    result = evaluate_workdir(
+        run, split="test", decode=DecodeOptions(beam_size=2), max_examples=9, out_dir=out, num_heatmaps=2
+    )
     return run, str(out), result
 
 

@@ -20,7 +20,7 @@ sys.path.insert(0, os.path.join(REPO, "examples"))
 import own_model  # noqa: E402
 
 from attn_jax.decoding import beam_search  # noqa: E402
-from attn_jax.pipeline import evaluate_workdir, load_model, translate_sentences  # noqa: E402
+from attn_jax.pipeline import DecodeOptions, evaluate_workdir, load_model, translate_sentences  # noqa: E402
 from attn_jax.train import (  # noqa: E402
     ConfigError,
     apply_overrides,
@@ -103,7 +103,7 @@ def test_trained_decoded_and_evaluated_through_the_public_api(tmp_path):
     att = hyps[0].attention  # [m + 1, n + 1]: 7 source words + </s>, rows summing to 1
     assert att.shape == (len(hyps[0].tokens) + 1, 8) and np.allclose(att.sum(-1), 1.0, atol=1e-5)
 
-    out = evaluate_workdir(workdir, split="test", beam_size=2, max_examples=6)
+    out = evaluate_workdir(workdir, split="test", decode=DecodeOptions(beam_size=2), max_examples=6)
     assert out["num_sentences"] == 6 and 0.0 <= out["bleu"] <= 100.0 and 0.0 <= out["aer"]["aer"] <= 1.0
     assert json.loads((workdir / "eval" / "test" / "evaluation.json").read_text())["bleu"] == out["bleu"]
 

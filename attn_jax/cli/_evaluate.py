@@ -60,7 +60,6 @@ Exit status: 0 done; 1 a missing workdir or checkpoint, an unreadable corpus or 
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import sys
 
@@ -68,10 +67,8 @@ from attn_jax.cli._translate import add_length_limit_flags, add_repetition_flags
 from attn_jax.pipeline import (
     WEIGHTS,
     TranslateError,
-    bleu_flags_problem,
     decode_progress,
     evaluate_workdir,
-    length_flags_problem,
     quiet_checkpoint_logs,
 )
 
@@ -190,19 +187,16 @@ def _error(message: str, status: int = 1) -> int:
 
 def run_evaluate(args: argparse.Namespace) -> int:
     """Run ``attn-jax evaluate`` with parsed arguments; returns the exit status."""
-    if args.beam < 1:
-        return _error(f"--beam must be >= 1, got {args.beam}", 2)
+    from attn_jax.cli._options import bleu_settings, decode_options
+
+    try:
+        decode, bleu = decode_options(args), bleu_settings(args)
+    except TranslateError as e:
+        return _error(e, 2)
     if args.max_examples is not None and args.max_examples < 1:
         return _error(f"--max-examples must be >= 1, got {args.max_examples}", 2)
     if args.batch_size < 1 or args.heatmaps < 0:
         return _error("--batch-size must be >= 1 and --heatmaps >= 0", 2)
-    for flag, value in (("--alpha", args.alpha), ("--beta", args.beta)):
-        if not (math.isfinite(value) and value >= 0):
-            return _error(f"{flag} must be a finite number >= 0, got {value}", 2)
-    problem = length_flags_problem(args.max_length, args.max_length_ratio, args.max_length_offset)
-    problem = problem or bleu_flags_problem(args.bleu_tokenize, args.detokenize, args.detokenize_lang)
-    if problem:
-        return _error(problem, 2)
 
     from attn_jax.data import CorpusError
     from attn_jax.train import ProgressLine
@@ -214,9 +208,8 @@ def run_evaluate(args: argparse.Namespace) -> int:
         r = evaluate_workdir(
             args.workdir,
             split=args.split,
-            beam_size=args.beam,
-            alpha=args.alpha,
-            beta=args.beta,
+            decode=decode,
+            bleu=bleu,
             max_examples=args.max_examples,
             out_dir=args.out,
             checkpoint=args.checkpoint,
@@ -224,17 +217,8 @@ def run_evaluate(args: argparse.Namespace) -> int:
             batch_size=args.batch_size,
             num_heatmaps=args.heatmaps,
             heatmap_sentences=args.heatmap_sentences,
-            replace_unk=args.replace_unk,
-            no_repeat_ngram=args.no_repeat_ngram,
-            min_length=args.min_length,
             log=lambda *a: line.log(" ".join(str(x) for x in a)),
-            max_length=args.max_length,
-            max_length_ratio=args.max_length_ratio,
-            max_length_offset=args.max_length_offset,
             progress=decode_progress(line),
-            bleu_tokenize=args.bleu_tokenize,
-            detokenize=args.detokenize,
-            detokenize_lang=args.detokenize_lang,
         )
     except (TranslateError, CorpusError) as e:
         line.close()

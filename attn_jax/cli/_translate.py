@@ -80,8 +80,6 @@ from attn_jax.pipeline import (
     TranslateError,
     Translation,
     decode_progress,
-    length_flags_problem,
-    length_limit,
     length_limit_report,
     load_model,
     merge_length_limit_reports,
@@ -433,18 +431,14 @@ def format_translations(
 
 def run_translate(args: argparse.Namespace) -> int:
     """Run ``attn-jax translate`` with parsed arguments; returns the exit status."""
-    if args.beam < 1:
-        return _error(f"--beam must be >= 1, got {args.beam}", 2)
-    if not 1 <= args.nbest <= args.beam:
-        return _error(f"--nbest must be between 1 and --beam {args.beam}, got {args.nbest}", 2)
-    for flag, value in (("--alpha", args.alpha), ("--beta", args.beta)):
-        if not (math.isfinite(value) and value >= 0):
-            return _error(f"{flag} must be a finite number >= 0, got {value}", 2)
+    from attn_jax.cli._options import decode_options
+
+    try:
+        decode = decode_options(args)
+    except TranslateError as e:
+        return _error(e, 2)
     if args.batch_size < 1:
         return _error(f"--batch-size must be >= 1, got {args.batch_size}", 2)
-    problem = length_flags_problem(args.max_length, args.max_length_ratio, args.max_length_offset)
-    if problem:
-        return _error(problem, 2)
     quiet_checkpoint_logs()
     fd = None
     try:
@@ -454,29 +448,14 @@ def run_translate(args: argparse.Namespace) -> int:
         loaded = load_model(args.workdir, args.checkpoint, args.weights)
         if loaded.note:
             print(f"attn-jax translate: warning: {loaded.note}", file=sys.stderr)
-        rule = length_limit(
-            loaded.config,
-            max_length=args.max_length,
-            max_length_ratio=args.max_length_ratio,
-            max_length_offset=args.max_length_offset,
-        )
+        rule = decode.length_limit(loaded.config)
         if lines is None:
             fd = stream_fd(sys.stdin)
             if fd is None:
                 lines = _read_lines("-")
     except TranslateError as e:
         return _error(e)
-    options = dict(
-        beam_size=args.beam,
-        alpha=args.alpha,
-        beta=args.beta,
-        nbest=args.nbest,
-        batch_size=args.batch_size,
-        limit=rule,
-        replace_unk=args.replace_unk,
-        no_repeat_ngram=args.no_repeat_ngram,
-        min_length=args.min_length,
-    )
+    options = dict(options=decode, batch_size=args.batch_size, limit=rule)
     if fd is not None:
         return _translate_stream(args, loaded, rule, options, LineStream(fd))
     bar = _progress_line(args.progress)

@@ -52,7 +52,7 @@ from attn_jax.eval._bleu import (
     score_by_length,
 )
 from attn_jax.eval._detok import DETOKENIZERS, detokenize, looks_tokenized
-from attn_jax.eval._options import bleu_options, sacrebleu_tokenized_warning_dropped
+from attn_jax.eval._options import BleuSettings, bleu_options, sacrebleu_tokenized_warning_dropped
 from attn_jax.eval._plots import attention_figsize, plot_attention, plot_bleu_by_length
 from attn_jax.eval._tables import (
     SystemScores,
@@ -71,6 +71,7 @@ __all__ = [
     "Alignment",
     "BleuByLength",
     "BleuResult",
+    "BleuSettings",
     "BucketBleu",
     "ChrfResult",
     "LengthBucket",

@@ -7,18 +7,69 @@ made and flagged the same way.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from attn_jax.eval._detok import looks_tokenized
+from attn_jax.eval._detok import DETOKENIZERS, looks_tokenized
 
-__all__ = ["bleu_options", "sacrebleu_tokenized_warning_dropped"]
+__all__ = ["BleuSettings", "bleu_options", "sacrebleu_tokenized_warning_dropped"]
 
 _ADVICE = (
     "Pass --detokenize moses --detokenize-lang LANG to score detokenised text, or --bleu-tokenize none to score the "
     "tokens as given"
 )
+
+
+@dataclasses.dataclass(frozen=True)
+class BleuSettings:
+    """How hypotheses and references are scored: sacreBLEU's tokeniser and an optional detokeniser.
+
+    :meth:`check` refuses a value out of range with a ValueError that names the field, so a command line can
+    reword it with its flag names.
+
+    Attributes:
+      tokenize: sacreBLEU's BLEU tokeniser (``13a``, ``none``, ``intl``, ...); None: ``13a``, not chosen, so
+        tokenised references get :func:`bleu_options`' warning.
+      detokenize: ``"moses"`` detokenises hypotheses and references before BLEU, chrF and TER; ``"none"``
+        scores them as given.
+      detokenize_lang: the Moses language code of the target side (``en``, ``fr``, ``de``, ...).
+
+    >>> BleuSettings(detokenize="moses", detokenize_lang="fr").check().detokenize_lang
+    'fr'
+    >>> BleuSettings(detokenize_lang="French").check()
+    Traceback (most recent call last):
+    ...
+    ValueError: detokenize_lang must be a Moses language code such as en, fr or de, got 'French'
+    """
+
+    tokenize: str | None = None
+    detokenize: str = "none"
+    detokenize_lang: str = "en"
+
+    def check(self) -> BleuSettings:
+        """``self``, or a one-line ValueError naming the first field out of range."""
+        if self.detokenize not in DETOKENIZERS:
+            raise ValueError(f"detokenize must be one of {', '.join(DETOKENIZERS)}, got {self.detokenize!r}")
+        lang = self.detokenize_lang
+        if not (
+            isinstance(lang, str)
+            and lang.isascii()
+            and lang.isalpha()
+            and lang.islower()
+            and 2 <= len(lang) <= 3
+        ):
+            raise ValueError(
+                f"detokenize_lang must be a Moses language code such as en, fr or de, got {lang!r}"
+            )
+        if self.tokenize is not None:
+            from sacrebleu.metrics import BLEU
+
+            if self.tokenize not in BLEU.TOKENIZERS:
+                names = ", ".join(BLEU.TOKENIZERS)
+                raise ValueError(f"tokenize must be a sacreBLEU tokeniser ({names}), got {self.tokenize!r}")
+        return self
 
 
 def bleu_options(

@@ -6,12 +6,13 @@ alike (``experiments/`` call these, never ``attn_jax.cli*``)::
     from attn_jax import pipeline
 
     loaded = pipeline.load_model("runs/rnnsearch_cpu")              # best checkpoint, vocabularies, config
-    hyps = pipeline.translate_sentences(loaded, ["the dog slept ."], beam_size=12)
+    hyps = pipeline.translate_sentences(loaded, ["the dog slept ."], pipeline.DecodeOptions(beam_size=12))
     result = pipeline.evaluate_workdir("runs/rnnsearch_cpu", split="test")   # BLEU, AER, heatmaps, tables
 
 * loading (``_load``): :class:`LoadedModel`, :func:`load_model`, :class:`TranslateError`,
   :func:`quiet_checkpoint_logs`;
-* length limit (``_length``): :func:`length_limit` (the rule both commands share), :func:`length_flags_problem`,
+* decoding options (``_options``): :class:`DecodeOptions`, the options both commands share;
+* length limit (``_length``): :func:`length_limit` (the rule both commands share),
   :func:`model_length_cap`, :class:`LengthLimitReport`, :func:`length_limit_report`,
   :func:`merge_length_limit_reports`;
 * translating (``_translate``): :class:`Translation`, :func:`translate_sentences` and its batching,
@@ -19,7 +20,7 @@ alike (``experiments/`` call these, never ``attn_jax.cli*``)::
 * a split (``_split``): :func:`load_split`, :func:`select_examples`;
 * attention outside beam search (``_attention``): :func:`reference_attention`,
   :func:`hypothesis_cross_attention`, :func:`sharpest_head`, :func:`figure3_examples`, :class:`HeatmapPick`;
-* BLEU settings (``_bleu``): :func:`bleu_options`, :func:`bleu_flags_problem`;
+* BLEU settings (``_bleu``): :func:`bleu_options` (``attn_jax.eval.BleuSettings`` holds the settings);
 * scoring given translations (``_score``): :func:`score_pairs`, :class:`ScoredPair`;
 * evaluating (``_evaluate``): :func:`evaluate_workdir`; progress (``_progress``): :func:`decode_progress`.
 
@@ -34,11 +35,10 @@ from attn_jax.pipeline._attention import (
     reference_attention,
     sharpest_head,
 )
-from attn_jax.pipeline._bleu import bleu_flags_problem, bleu_options
+from attn_jax.pipeline._bleu import bleu_options
 from attn_jax.pipeline._evaluate import evaluate_workdir
 from attn_jax.pipeline._length import (
     LengthLimitReport,
-    length_flags_problem,
     length_limit,
     length_limit_report,
     merge_length_limit_reports,
@@ -51,6 +51,7 @@ from attn_jax.pipeline._load import (
     load_model,
     quiet_checkpoint_logs,
 )
+from attn_jax.pipeline._options import DecodeOptions
 from attn_jax.pipeline._progress import decode_progress
 from attn_jax.pipeline._score import ScoredPair, score_pairs
 from attn_jax.pipeline._split import load_split, select_examples
@@ -64,20 +65,19 @@ from attn_jax.pipeline._translate import (
 
 __all__ = [
     "WEIGHTS",
+    "DecodeOptions",
     "HeatmapPick",
     "LengthLimitReport",
     "LoadedModel",
     "ScoredPair",
     "TranslateError",
     "Translation",
-    "bleu_flags_problem",
     "bleu_options",
     "decode_progress",
     "evaluate_workdir",
     "figure3_examples",
     "hypothesis_cross_attention",
     "length_batches",
-    "length_flags_problem",
     "length_limit",
     "length_limit_report",
     "load_model",

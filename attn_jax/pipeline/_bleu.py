@@ -7,27 +7,7 @@ import contextlib
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["bleu_flags_problem", "bleu_options"]
-
-
-def bleu_flags_problem(bleu_tokenize: str | None, detokenize: str, detokenize_lang: str) -> str | None:
-    """Why ``--bleu-tokenize``/``--detokenize``/``--detokenize-lang`` cannot be used, or None when they can."""
-    from attn_jax.eval import DETOKENIZERS
-
-    if detokenize not in DETOKENIZERS:
-        return f"--detokenize must be one of {', '.join(DETOKENIZERS)}, got {detokenize!r}"
-    lang = detokenize_lang
-    if not (
-        isinstance(lang, str) and lang.isascii() and lang.isalpha() and lang.islower() and 2 <= len(lang) <= 3
-    ):
-        return f"--detokenize-lang must be a Moses language code such as en, fr or de, got {lang!r}"
-    if bleu_tokenize is not None:
-        from sacrebleu.metrics import BLEU
-
-        if bleu_tokenize not in BLEU.TOKENIZERS:
-            names = ", ".join(BLEU.TOKENIZERS)
-            return f"--bleu-tokenize must be a sacreBLEU tokeniser ({names}), got {bleu_tokenize!r}"
-    return None
+__all__ = ["bleu_options"]
 
 
 def bleu_options(

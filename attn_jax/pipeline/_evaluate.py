@@ -3,6 +3,7 @@ and AER, draw attention heatmaps and write the tables, the sentences and ``evalu
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -13,6 +14,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from attn_jax.eval import BleuSettings
 from attn_jax.pipeline._attention import (
     HeatmapPick,
     figure3_examples,
@@ -20,9 +22,10 @@ from attn_jax.pipeline._attention import (
     reference_attention,
     sharpest_head,
 )
-from attn_jax.pipeline._bleu import _without_sacrebleu_tokenized_warning, bleu_flags_problem, bleu_options
-from attn_jax.pipeline._length import LengthLimitReport, length_limit, length_limit_report
+from attn_jax.pipeline._bleu import _without_sacrebleu_tokenized_warning, bleu_options
+from attn_jax.pipeline._length import LengthLimitReport, length_limit_report
 from attn_jax.pipeline._load import LoadedModel, TranslateError, load_model
+from attn_jax.pipeline._options import DecodeOptions
 from attn_jax.pipeline._split import load_split, select_examples
 from attn_jax.pipeline._translate import Translation, translate_sentences
 
@@ -41,9 +44,8 @@ def evaluate_workdir(
     workdir: str | os.PathLike,
     *,
     split: str = "test",
-    beam_size: int = 12,
-    alpha: float = 0.6,
-    beta: float = 0.0,
+    decode: DecodeOptions | None = None,
+    bleu: BleuSettings | None = None,
     max_examples: int | None = None,
     out_dir: str | os.PathLike | None = None,
     checkpoint: str | int = "best",
@@ -52,26 +54,21 @@ def evaluate_workdir(
     num_heatmaps: int = 3,
     heatmap_max_length: int = 40,
     heatmap_sentences: Sequence[int] | None = None,
-    replace_unk: bool = False,
     test_per_bucket: int | None = None,
     name: str | None = None,
     log=None,
-    max_length: int | None = None,
-    max_length_ratio: float | None = None,
-    max_length_offset: int | None = None,
     progress: Callable[[int, int, float], None] | None = None,
-    bleu_tokenize: str | None = None,
-    detokenize: str = "none",
-    detokenize_lang: str = "en",
-    no_repeat_ngram: int = 0,
-    min_length: int = 0,
 ) -> dict[str, Any]:
     """Evaluate a training run on one split: decode, BLEU overall / by length / No UNK, AER, heatmaps, tables.
 
     Args:
       workdir: the run directory (``checkpoints/``, ``vocab/``).
       split: the corpus split (``test``, ``validation``, ``train``, or TFDS slicing such as ``test[:500]``).
-      beam_size, alpha, beta: beam search (GNMT length normalisation α, coverage penalty β).
+      decode: the beam search, length limit, repetition control and ``<unk>`` replacement
+        (:class:`DecodeOptions`; None: its defaults). Its ``nbest`` is not used: the best hypothesis is scored.
+      bleu: how BLEU, chrF and TER are scored (``attn_jax.eval.BleuSettings``: sacreBLEU's tokeniser and an
+        optional detokeniser; None: its defaults). ``tokenize`` None is ``13a``, not chosen, so a corpus whose
+        references look tokenised gets a warning (:func:`bleu_options`).
       max_examples: evaluate at most this many pairs, spread evenly over the length buckets
         (:func:`select_examples`); None: all.
       out_dir: where to write (default ``workdir/eval/<split>``).
@@ -86,20 +83,11 @@ def evaluate_workdir(
       heatmap_sentences: draw these sentences instead (0-based indices in the split, as ``evaluation.json``'s
         ``heatmaps`` and the sentence files number them; each must be among the pairs evaluated, so with
         ``max_examples`` among the ones selected), in the order given, whatever their length.
-      replace_unk: replace produced ``<unk>`` by the most-attended source word before scoring (off: the
-        paper's setting).
       test_per_bucket: test pairs per length bucket of a generated built-in corpus (see :func:`load_split`).
       name: the system's name in the tables (default ``RNNsearch`` / ``RNNenc`` from the config).
       log: a ``print``-like callable for what happens (default: silent); the length limit's line included.
-      max_length, max_length_ratio, max_length_offset: the length limit, as ``attn-jax translate``'s
-        (:func:`length_limit`; None: the run's default).
       progress: called with ``(sentences done, total, fraction of the work)``: once with 0 before decoding,
         then after each batch (:func:`decode_progress` draws it with an ETA).
-      bleu_tokenize: sacreBLEU's tokeniser (``13a``, ``none``, ``intl``, ...); None: ``13a``, not chosen, so a
-        corpus whose references look tokenised gets a warning (:func:`bleu_options`).
-      detokenize, detokenize_lang: ``"moses"`` and a language detokenise hypotheses and references before BLEU
-        (``attn_jax.eval.corpus_bleu``); ``"none"`` scores them as given.
-      no_repeat_ngram, min_length: repetition control in the search, as :func:`translate_sentences`'s.
 
     Returns:
       A dict: ``system``, ``workdir``, ``step``, ``checkpoint_note`` (None, or why another checkpoint than
@@ -125,26 +113,29 @@ def evaluate_workdir(
         cannot be read.
     """
     log = log or (lambda *a, **k: None)
-    problem = bleu_flags_problem(bleu_tokenize, detokenize, detokenize_lang)
-    if problem:
-        raise TranslateError(problem)
+    decode = dataclasses.replace(decode or DecodeOptions(), nbest=1).check()
+    bleu = bleu or BleuSettings()
+    try:
+        bleu.check()
+    except ValueError as e:
+        raise TranslateError(str(e)) from None
     options = {  # evaluation.json's "options"
-        "beam_size": beam_size,
-        "alpha": alpha,
-        "beta": beta,
-        "max_length": max_length,
-        "max_length_ratio": max_length_ratio,
-        "max_length_offset": max_length_offset,
+        "beam_size": decode.beam_size,
+        "alpha": decode.alpha,
+        "beta": decode.beta,
+        "max_length": decode.max_length,
+        "max_length_ratio": decode.max_length_ratio,
+        "max_length_offset": decode.max_length_offset,
         "checkpoint": checkpoint,
         "weights": weights,
         "max_examples": max_examples,
-        "replace_unk": replace_unk,
+        "replace_unk": decode.replace_unk,
         "batch_size": batch_size,
-        "bleu_tokenize": bleu_tokenize,
-        "detokenize": detokenize,
-        "detokenize_lang": detokenize_lang,
-        "no_repeat_ngram": no_repeat_ngram,
-        "min_length": min_length,
+        "bleu_tokenize": bleu.tokenize,
+        "detokenize": bleu.detokenize,
+        "detokenize_lang": bleu.detokenize_lang,
+        "no_repeat_ngram": decode.no_repeat_ngram,
+        "min_length": decode.min_length,
         "heatmap_sentences": None if heatmap_sentences is None else [int(i) for i in heatmap_sentences],
     }
     timings: dict[str, float] = {}
@@ -159,46 +150,29 @@ def evaluate_workdir(
         loaded.config, split, max_examples=max_examples, test_per_bucket=test_per_bucket, log=log
     )
     chosen = _chosen_positions(pairs, heatmap_sentences, split)
-    rule = length_limit(
-        loaded.config,
-        max_length=max_length,
-        max_length_ratio=max_length_ratio,
-        max_length_offset=max_length_offset,
-    )
+    rule = decode.length_limit(loaded.config)
     timings["load_s"] = time.perf_counter() - t0
     log(
-        f"{system} (step {loaded.step}{', EMA weights' if weights == 'ema' else ''}): decoding {len(pairs.sources)} {split} sentences with beam {beam_size}, "
+        f"{system} (step {loaded.step}{', EMA weights' if weights == 'ema' else ''}): decoding {len(pairs.sources)} {split} sentences with beam {decode.beam_size}, "
         f"length limit {rule.describe()}"
     )
 
     t0 = time.perf_counter()
-    translations = _decode(
-        loaded,
-        pairs.sources,
-        progress,
-        beam_size=beam_size,
-        alpha=alpha,
-        beta=beta,
-        batch_size=batch_size,
-        limit=rule,
-        replace_unk=replace_unk,
-        no_repeat_ngram=no_repeat_ngram,
-        min_length=min_length,
-    )
+    translations = _decode(loaded, pairs.sources, progress, decode, batch_size=batch_size, limit=rule)
     hypotheses = [t[0].text if t else "" for t in translations]
     timings["decode_s"] = time.perf_counter() - t0
     limit_report = _count_length_limit(loaded, pairs.sources, translations, rule, log)
 
     t0 = time.perf_counter()
-    bleu = _score_bleu(loaded, pairs, hypotheses, bleu_tokenize, detokenize, detokenize_lang, log)
-    chrf_ter = _score_chrf_ter(pairs, hypotheses, detokenize, detokenize_lang)
+    scored = _score_bleu(loaded, pairs, hypotheses, bleu, log)
+    chrf_ter = _score_chrf_ter(pairs, hypotheses, bleu)
     alignment = _score_alignment(loaded, pairs, batch_size)
     timings["score_s"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
     files = _Files(out_dir)
-    _write_sentences(files, pairs, hypotheses, alignment.links, detokenize, detokenize_lang)
-    scores = _write_tables(files, system, pairs.corpus, bleu, alignment.aer, limit_report, chrf_ter)
+    _write_sentences(files, pairs, hypotheses, alignment.links, bleu)
+    scores = _write_tables(files, system, pairs.corpus, scored, alignment.aer, limit_report, chrf_ter)
     picked, heatmaps = _draw_heatmaps(
         files,
         loaded,
@@ -211,7 +185,7 @@ def evaluate_workdir(
         max_length=heatmap_max_length,
         chosen=chosen,
     )
-    tensorboard = _tensorboard_images(workdir, loaded, split, files.paths, log, bleu, chrf_ter)
+    tensorboard = _tensorboard_images(workdir, loaded, split, files.paths, log, scored, chrf_ter)
     timings["write_s"] = time.perf_counter() - t0
 
     result = _record(
@@ -220,7 +194,7 @@ def evaluate_workdir(
         loaded,
         split,
         pairs,
-        bleu,
+        scored,
         alignment,
         limit_report,
         translations,
@@ -231,9 +205,9 @@ def evaluate_workdir(
         files=files.paths,
         tensorboard=tensorboard,
     )
-    md = _evaluation_markdown(result, limit_report, bleu, scores, heatmaps, chrf_ter)
+    md = _evaluation_markdown(result, limit_report, scored, scores, heatmaps, chrf_ter)
     _write_evaluation(files, result, md)
-    result["bleu_by_length_result"] = bleu.by_length
+    result["bleu_by_length_result"] = scored.by_length
     result["system_scores"] = scores
     return result
 
@@ -293,11 +267,13 @@ def _read_pairs(config, split: str, *, max_examples, test_per_bucket, log) -> _P
     return _Pairs(corpus, keep, [corpus.sources[i] for i in keep], [corpus.targets[i] for i in keep], gold)
 
 
-def _decode(loaded: LoadedModel, sources: Sequence[str], progress, **options) -> list[list[Translation]]:
+def _decode(
+    loaded: LoadedModel, sources: Sequence[str], progress, decode: DecodeOptions, **kw
+) -> list[list[Translation]]:
     """Beam-search translations of ``sources``, with ``progress`` told 0 first (its clock starts there)."""
     if progress is not None:
         progress(0, len(sources), 0.0)
-    return translate_sentences(loaded, sources, progress=progress, **options)
+    return translate_sentences(loaded, sources, decode, progress=progress, **kw)
 
 
 def _count_length_limit(loaded, sources, translations, rule, log) -> LengthLimitReport:
@@ -314,9 +290,7 @@ def _score_bleu(
     loaded: LoadedModel,
     pairs: _Pairs,
     hypotheses: Sequence[str],
-    bleu_tokenize: str | None,
-    detokenize: str,
-    detokenize_lang: str,
+    settings: BleuSettings,
     log,
 ) -> _Bleu:
     """BLEU overall, by source length and on the sentences without ``<unk>`` (Table 1's "No UNK")."""
@@ -324,17 +298,17 @@ def _score_bleu(
 
     opts = bleu_options(
         pairs.references,
-        bleu_tokenize=bleu_tokenize,
-        detokenize=detokenize,
-        detokenize_lang=detokenize_lang,
+        bleu_tokenize=settings.tokenize,
+        detokenize=settings.detokenize,
+        detokenize_lang=settings.detokenize_lang,
         built_in=str(loaded.config.data.corpus) == "synthetic",
     )
     if opts["warning"]:  # never silent: stderr, summary.json/md and evaluation.json/md all say it
         log(f"warning: {opts['warning']}")
     kw: dict[str, Any] = {
-        "tokenize": bleu_tokenize or "13a",
-        "detokenize": detokenize,
-        "detokenize_lang": detokenize_lang,
+        "tokenize": settings.tokenize or "13a",
+        "detokenize": settings.detokenize,
+        "detokenize_lang": settings.detokenize_lang,
     }
     sv, tv = loaded.src_vocab, loaded.tgt_vocab
     sources, references = pairs.sources, pairs.references
@@ -350,11 +324,11 @@ def _score_bleu(
     return _Bleu(by_length, no_unk, opts)
 
 
-def _score_chrf_ter(pairs: _Pairs, hypotheses: Sequence[str], detokenize: str, detokenize_lang: str):
+def _score_chrf_ter(pairs: _Pairs, hypotheses: Sequence[str], settings: BleuSettings):
     """chrF and TER overall and by source length (``attn_jax.eval.ScoreByLength``), detokenised as BLEU is."""
     from attn_jax import eval as ev
 
-    kw: dict[str, Any] = {"detokenize": detokenize, "detokenize_lang": detokenize_lang}
+    kw: dict[str, Any] = {"detokenize": settings.detokenize, "detokenize_lang": settings.detokenize_lang}
     return {
         m: ev.score_by_length(m, hypotheses, pairs.references, pairs.sources, **kw) for m in ("chrf", "ter")
     }
@@ -394,8 +368,7 @@ def _write_sentences(
     pairs: _Pairs,
     hypotheses: Sequence[str],
     links,
-    detokenize: str,
-    detokenize_lang: str,
+    settings: BleuSettings,
 ) -> None:
     """``sources``/``references``/``hypotheses.txt`` (and their ``.detok`` forms), ``alignments.txt``."""
     from attn_jax import eval as ev
@@ -404,12 +377,10 @@ def _write_sentences(
     _write_lines(files.path("references.txt"), pairs.references)
     _write_lines(files.path("hypotheses.txt"), hypotheses)
     # With a detokeniser, the exact strings BLEU scored, so that sacrebleu reproduces the score from files.
-    if detokenize != "none":
-        refs = ev.detokenize(pairs.references, detokenize, detokenize_lang)
-        _write_lines(files.path("references.detok.txt"), refs)
-        _write_lines(
-            files.path("hypotheses.detok.txt"), ev.detokenize(hypotheses, detokenize, detokenize_lang)
-        )
+    if settings.detokenize != "none":
+        how = (settings.detokenize, settings.detokenize_lang)
+        _write_lines(files.path("references.detok.txt"), ev.detokenize(pairs.references, *how))
+        _write_lines(files.path("hypotheses.detok.txt"), ev.detokenize(hypotheses, *how))
     if links is not None:
         _write_lines(files.path("alignments.txt"), [ev.format_pharaoh(a) for a in links])
 

@@ -10,7 +10,6 @@ from attn_jax.pipeline._load import LoadedModel, TranslateError
 
 __all__ = [
     "LengthLimitReport",
-    "length_flags_problem",
     "length_limit",
     "length_limit_report",
     "merge_length_limit_reports",
@@ -40,9 +39,7 @@ def length_limit(
     """
     from attn_jax.decoding import DEFAULT_MAX_LENGTH_OFFSET, DEFAULT_MAX_LENGTH_RATIO, LengthLimit
 
-    problem = length_flags_problem(max_length, max_length_ratio, max_length_offset)
-    if problem:
-        raise TranslateError(problem)
+    _check_length_options(max_length, max_length_ratio, max_length_offset)
     if max_length is not None:
         return LengthLimit.fixed(max_length)
     data = getattr(config, "data", None) if config is not None else None
@@ -54,24 +51,23 @@ def length_limit(
     ).check()
 
 
-def length_flags_problem(
+def _check_length_options(
     max_length: int | None, max_length_ratio: float | None, max_length_offset: int | None
-) -> str | None:
-    """What is wrong with the length flags, in one line, or None (checked before a run is loaded: exit 2)."""
+) -> None:
+    """A one-line :class:`TranslateError` naming the length option out of range, if one is."""
     if max_length is not None and (max_length_ratio is not None or max_length_offset is not None):
-        return (
-            "give --max-length (the same limit for every sentence) or --max-length-ratio/--max-length-offset "
+        raise TranslateError(
+            "give max_length (the same limit for every sentence) or max_length_ratio/max_length_offset "
             "(a limit that grows with the source), not both"
         )
     if max_length is not None and max_length < 1:
-        return f"--max-length must be >= 1, got {max_length}"
+        raise TranslateError(f"max_length must be >= 1, got {max_length}")
     if max_length_ratio is not None and not (math.isfinite(max_length_ratio) and max_length_ratio >= 0):
-        return f"--max-length-ratio must be a finite number >= 0, got {max_length_ratio}"
+        raise TranslateError(f"max_length_ratio must be a finite number >= 0, got {max_length_ratio}")
     if max_length_offset is not None and max_length_offset < 0:
-        return f"--max-length-offset must be >= 0, got {max_length_offset}"
+        raise TranslateError(f"max_length_offset must be >= 0, got {max_length_offset}")
     if max_length_ratio == 0 and max_length_offset == 0:
-        return "--max-length-ratio 0 with --max-length-offset 0 leaves no room; use --max-length N"
-    return None
+        raise TranslateError("max_length_ratio 0 with max_length_offset 0 leaves no room; use max_length N")
 
 
 def model_length_cap(model) -> int | None:

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
-from attn_jax.pipeline._length import length_limit
 from attn_jax.pipeline._load import LoadedModel, TranslateError
+from attn_jax.pipeline._options import DecodeOptions
 
 __all__ = ["Translation", "length_batches", "pad_rows", "padded_width", "translate_sentences"]
 
@@ -85,17 +86,12 @@ def _token_strings(vocab, ids: Sequence[int]) -> list[str]:
 def translate_sentences(
     loaded: LoadedModel,
     sentences: Sequence[str],
+    options: DecodeOptions | None = None,
     *,
-    beam_size: int = 12,
-    alpha: float = 0.6,
-    beta: float = 0.0,
-    nbest: int = 1,
     batch_size: int = 32,
     limit=None,
-    replace_unk: bool = False,
     progress: Callable[[int, int, float], None] | None = None,
-    no_repeat_ngram: int = 0,
-    min_length: int = 0,
+    **fields: Any,
 ) -> list[list[Translation]]:
     """Beam-search translations of ``sentences``: for each, its ``nbest`` best hypotheses, best first.
 
@@ -108,29 +104,27 @@ def translate_sentences(
     Args:
       loaded: the model and vocabularies (:func:`load_model`).
       sentences: source sentences, whitespace-tokenised like the training corpus.
-      beam_size, alpha, beta: beam size and GNMT's length-normalisation / coverage-penalty weights.
-      nbest: hypotheses returned per sentence (``<= beam_size``).
+      options: the beam search, n-best size, length limit and ``<unk>`` replacement (:class:`DecodeOptions`;
+        None: its defaults).
       batch_size: sentences per decoding batch.
-      limit: an ``attn_jax.decoding.LengthLimit``; None: the run's default, :func:`length_limit`.
-      replace_unk: replace a produced ``<unk>`` with the most-attended source token (word-level vocabularies
-        and models with attention only; otherwise ``<unk>`` stays).
+      limit: an ``attn_jax.decoding.LengthLimit`` that replaces the length fields of ``options``; None: the
+        rule :meth:`DecodeOptions.length_limit` gives.
       progress: called after each batch with the sentences decoded so far, their total and the fraction of
         the work done (source tokens, the longer sentences come last).
-      no_repeat_ngram: block any word that would repeat an n-gram of this size within a hypothesis; 0: off.
-      min_length: forbid ``</s>`` before this many target tokens (the length limit still wins); 0: off.
+      **fields: :class:`DecodeOptions` fields that replace those of ``options`` (``beam_size=4``).
 
     Returns:
       ``len(sentences)`` lists of :class:`Translation`.
     """
     from attn_jax.decoding import search_batches
 
-    rule = length_limit(loaded.config) if limit is None else limit
+    opts = dataclasses.replace(options or DecodeOptions(), **fields).check()
+    rule = opts.length_limit(loaded.config) if limit is None else limit
     try:
         rule.check()
     except ValueError as e:
         raise TranslateError(str(e)) from None
-    if not 1 <= nbest <= beam_size:
-        raise TranslateError(f"--nbest must be between 1 and the beam size {beam_size}, got {nbest}")
+    nbest, replace_unk = opts.nbest, opts.replace_unk
     if batch_size < 1:
         raise TranslateError(f"batch size must be >= 1, got {batch_size}")
     src_vocab, tgt_vocab = loaded.src_vocab, loaded.tgt_vocab
@@ -158,10 +152,10 @@ def translate_sentences(
         loaded.model,
         [encoded[i] for i in todo],
         limit=rule,
-        beam_size=beam_size,
+        beam_size=opts.beam_size,
         num_return=nbest,
-        alpha=alpha,
-        beta=beta,
+        alpha=opts.alpha,
+        beta=opts.beta,
         batch_size=batch_size,
         src_eos_id=src_vocab.eos_id,
         src_pad_id=src_vocab.pad_id,
@@ -169,8 +163,8 @@ def translate_sentences(
         eos_id=tgt_vocab.eos_id,
         pad_id=tgt_vocab.pad_id,
         sources_ext=[extended[i][0] for i in todo] if copies else None,
-        no_repeat_ngram=no_repeat_ngram,
-        min_length=min_length,
+        no_repeat_ngram=opts.no_repeat_ngram,
+        min_length=opts.min_length,
     )
     while True:
         try:

@@ -265,7 +265,7 @@ def findings_markdown(checks, numbers, ranges, args, why_no_ranges: str = "") ->
 def run_experiment(args: argparse.Namespace) -> str:
     """Train, evaluate and report; returns the path of report.md."""
     from attn_jax import eval as ev
-    from attn_jax.pipeline import decode_progress, evaluate_workdir, quiet_checkpoint_logs
+    from attn_jax.pipeline import DecodeOptions, decode_progress, evaluate_workdir, quiet_checkpoint_logs
     from attn_jax.train import ProgressLine, apply_overrides, flatten_config, load_config, train_and_evaluate
 
     quiet_checkpoint_logs()
@@ -295,7 +295,7 @@ def run_experiment(args: argparse.Namespace) -> str:
         result = evaluate_workdir(
             workdir,
             split="test",
-            beam_size=beam,
+            decode=DecodeOptions(beam_size=beam),
             max_examples=max_examples,
             name=system,
             log=print,

@@ -197,7 +197,7 @@ def score(variant: str, seed: int, result: dict, names: set[str]) -> dict:
 
 
 def run_seed(args, variants: list[str], seed: int, names: set[str], caps: dict) -> list[dict]:
-    from attn_jax.pipeline import evaluate_workdir, quiet_checkpoint_logs
+    from attn_jax.pipeline import DecodeOptions, evaluate_workdir, quiet_checkpoint_logs
     from attn_jax.train import apply_overrides, load_config, train_and_evaluate
 
     quiet_checkpoint_logs()
@@ -237,9 +237,8 @@ def run_seed(args, variants: list[str], seed: int, names: set[str], caps: dict) 
             result = evaluate_workdir(
                 workdir,
                 split="test",
-                beam_size=args.beam,
+                decode=DecodeOptions(beam_size=args.beam, replace_unk=replace),
                 num_heatmaps=0,
-                replace_unk=replace,
                 out_dir=os.path.join(workdir, "eval", name),
             )
             record = score(name, seed, result, names)

@@ -63,7 +63,7 @@ def repetition(sentences: list[str]) -> dict[str, float]:
 
 def run_one(args, variant: str, seed: int) -> dict:
     from attn_jax import eval as ev
-    from attn_jax.pipeline import evaluate_workdir, quiet_checkpoint_logs
+    from attn_jax.pipeline import DecodeOptions, evaluate_workdir, quiet_checkpoint_logs
     from attn_jax.train import apply_overrides, load_config, train_and_evaluate
 
     quiet_checkpoint_logs()
@@ -90,7 +90,11 @@ def run_one(args, variant: str, seed: int) -> dict:
     train_s = time.perf_counter() - t0
     t0 = time.perf_counter()
     result = evaluate_workdir(
-        workdir, split="test", beam_size=args.beam, max_examples=args.max_examples, num_heatmaps=0
+        workdir,
+        split="test",
+        decode=DecodeOptions(beam_size=args.beam),
+        max_examples=args.max_examples,
+        num_heatmaps=0,
     )
     eval_s = time.perf_counter() - t0
     files = result["files"]

@@ -50,7 +50,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def run_one(args, lam: float, seed: int) -> dict:
-    from attn_jax.pipeline import evaluate_workdir
+    from attn_jax.pipeline import DecodeOptions, evaluate_workdir
     from attn_jax.train import apply_overrides, load_config, read_metrics, train_and_evaluate
 
     config = load_config(CONFIG + (":smoke" if args.smoke else ""))
@@ -84,7 +84,7 @@ def run_one(args, lam: float, seed: int) -> dict:
     result = evaluate_workdir(
         workdir,
         split="test",
-        beam_size=1,
+        decode=DecodeOptions(beam_size=1),
         test_per_bucket=None if args.smoke else args.test_per_bucket,
         checkpoint="last",
         num_heatmaps=0,

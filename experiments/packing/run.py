@@ -17,7 +17,7 @@ import os
 import statistics
 import time
 
-from attn_jax.pipeline import evaluate_workdir
+from attn_jax.pipeline import DecodeOptions, evaluate_workdir
 from attn_jax.train import apply_overrides, load_config, read_metrics, train_and_evaluate
 
 CONFIG = os.path.join(os.path.dirname(__file__), "..", "..", "configs", "transformer_cpu.py")
@@ -45,7 +45,9 @@ def run_one(out: str, seed: int, pack: bool, steps: int, eval_max: int | None) -
     result = train_and_evaluate(config, workdir, stream=io.StringIO(), tty=False)
     train_s = time.monotonic() - tic
     train = [r for r in read_metrics(os.path.join(workdir, "metrics.jsonl")) if r["split"] == "train"]
-    ev = evaluate_workdir(workdir, split="test", beam_size=1, num_heatmaps=0, max_examples=eval_max)
+    ev = evaluate_workdir(
+        workdir, split="test", decode=DecodeOptions(beam_size=1), num_heatmaps=0, max_examples=eval_max
+    )
     record = {
         "seed": seed,
         "pack": pack,

@@ -84,7 +84,7 @@ def table(results: list[dict], positions: list[str]) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    from attn_jax.pipeline import evaluate_workdir, quiet_checkpoint_logs
+    from attn_jax.pipeline import DecodeOptions, evaluate_workdir, quiet_checkpoint_logs
     from attn_jax.train import apply_overrides, load_config, train_and_evaluate
 
     quiet_checkpoint_logs()
@@ -109,7 +109,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             ev = evaluate_workdir(
                 workdir,
                 split="test",
-                beam_size=args.beam,
+                decode=DecodeOptions(beam_size=args.beam),
                 max_examples=args.max_examples,
                 name=f"Transformer ({pos})",
                 num_heatmaps=0,

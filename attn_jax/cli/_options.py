@@ -1,0 +1,69 @@
+"""The decoding and BLEU options of ``translate`` and ``evaluate``, built from their flags and checked.
+
+The library checks (``DecodeOptions.check``, ``BleuSettings.check``) name each option by its field; here
+those names become the flags the user typed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+
+from attn_jax.eval import BleuSettings
+from attn_jax.pipeline import DecodeOptions, TranslateError
+
+__all__ = ["FLAGS", "bleu_settings", "decode_options", "flag_worded"]
+
+# Option field -> the flag that sets it.
+FLAGS = {
+    "beam_size": "--beam",
+    "alpha": "--alpha",
+    "beta": "--beta",
+    "nbest": "--nbest",
+    "max_length": "--max-length",
+    "max_length_ratio": "--max-length-ratio",
+    "max_length_offset": "--max-length-offset",
+    "no_repeat_ngram": "--no-repeat-ngram",
+    "min_length": "--min-length",
+    "tokenize": "--bleu-tokenize",
+    "detokenize": "--detokenize",
+    "detokenize_lang": "--detokenize-lang",
+}
+_FIELD = re.compile(r"(?<![\w-])(" + "|".join(sorted(FLAGS, key=len, reverse=True)) + r")(?![\w-])")
+
+
+def flag_worded(message: str) -> str:
+    """``message`` with each option field named by its flag; the value after ``, got`` is left as given."""
+    head, got, value = str(message).rpartition(", got ")
+    if not got:
+        head, value = value, ""
+    return _FIELD.sub(lambda m: FLAGS[m.group(1)], head) + got + value
+
+
+def decode_options(args: argparse.Namespace) -> DecodeOptions:
+    """The checked :class:`DecodeOptions` of the flags; a TranslateError worded with the flags."""
+    options = DecodeOptions(
+        beam_size=args.beam,
+        alpha=args.alpha,
+        beta=args.beta,
+        nbest=getattr(args, "nbest", 1),
+        max_length=args.max_length,
+        max_length_ratio=args.max_length_ratio,
+        max_length_offset=args.max_length_offset,
+        no_repeat_ngram=args.no_repeat_ngram,
+        min_length=args.min_length,
+        replace_unk=args.replace_unk,
+    )
+    try:
+        return options.check()
+    except TranslateError as e:
+        raise TranslateError(flag_worded(str(e))) from None
+
+
+def bleu_settings(args: argparse.Namespace) -> BleuSettings:
+    """The checked ``BleuSettings`` of ``evaluate``'s flags; a TranslateError worded with the flags."""
+    settings = BleuSettings(args.bleu_tokenize, args.detokenize, args.detokenize_lang)
+    try:
+        return settings.check()
+    except ValueError as e:
+        raise TranslateError(flag_worded(str(e))) from None
