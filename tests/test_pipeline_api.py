@@ -25,6 +25,7 @@ PUBLIC = {
     "length_batches",
     "length_limit",
     "length_limit_report",
+    "load_ensemble",
     "load_model",
     "load_split",
     "merge_length_limit_reports",

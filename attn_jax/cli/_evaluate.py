@@ -89,10 +89,15 @@ def add_evaluate_parser(subparsers) -> argparse.ArgumentParser:
             "1 missing run/checkpoint or unreadable corpus, 2 bad flag."
         ),
     )
-    p.add_argument("--workdir", required=True, metavar="DIR", help="the training run's directory")
+    from attn_jax.cli._options import add_workdir_flag
+
+    add_workdir_flag(p)
     p.add_argument("--split", default="test", help="corpus split (default: %(default)s)")
     p.add_argument(
-        "--out", default=None, metavar="DIR", help="output directory (default: WORKDIR/eval/SPLIT)"
+        "--out",
+        default=None,
+        metavar="DIR",
+        help="output directory (default: WORKDIR/eval/SPLIT; an ensemble: the first run's eval/SPLIT-ensemble)",
     )
     p.add_argument("--beam", type=int, default=12, metavar="K", help="beam size (default: %(default)s)")
     p.add_argument("--alpha", type=float, default=0.6, help="length-normalisation α (default: %(default)s)")
@@ -206,7 +211,7 @@ def run_evaluate(args: argparse.Namespace) -> int:
     line = ProgressLine(sys.stderr, tty=tty, label="decoding", every_s=10.0)
     try:
         r = evaluate_workdir(
-            args.workdir,
+            args.workdir[0] if len(args.workdir) == 1 else args.workdir,
             split=args.split,
             decode=decode,
             bleu=bleu,
@@ -226,7 +231,11 @@ def run_evaluate(args: argparse.Namespace) -> int:
     line.close()
     from attn_jax import eval as ev
 
-    print(f"{r['system']} on {r['corpus']} ({r['split']}), checkpoint step {r['step']}, beam {args.beam}")
+    steps = [m["step"] for m in r.get("ensemble", [])] or [r["step"]]
+    print(
+        f"{r['system']} on {r['corpus']} ({r['split']}), checkpoint step{'s' if len(steps) > 1 else ''} "
+        f"{', '.join(map(str, steps))}, beam {args.beam}"
+    )
     print(
         f"\nBLEU by source length:\n\n{ev.bleu_by_length_markdown({r['system']: r['bleu_by_length_result']})}"
     )

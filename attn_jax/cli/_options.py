@@ -12,7 +12,7 @@ import re
 from attn_jax.eval import BleuSettings
 from attn_jax.pipeline import DecodeOptions, TranslateError
 
-__all__ = ["FLAGS", "bleu_settings", "decode_options", "flag_worded"]
+__all__ = ["FLAGS", "add_workdir_flag", "bleu_settings", "decode_options", "flag_worded"]
 
 # Option field -> the flag that sets it.
 FLAGS = {
@@ -38,6 +38,18 @@ def flag_worded(message: str) -> str:
     if not got:
         head, value = value, ""
     return _FIELD.sub(lambda m: FLAGS[m.group(1)], head) + got + value
+
+
+def add_workdir_flag(p: argparse.ArgumentParser) -> None:
+    """``--workdir DIR``, repeatable: several runs decode or score as an ensemble (``pipeline.load_ensemble``)."""
+    p.add_argument(
+        "--workdir",
+        required=True,
+        action="append",
+        metavar="DIR",
+        help="the training run's directory; repeat it for an ensemble, whose runs must share their "
+        "vocabularies (their log-probabilities are averaged)",
+    )
 
 
 def decode_options(args: argparse.Namespace) -> DecodeOptions:

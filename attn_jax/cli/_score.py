@@ -17,7 +17,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from attn_jax.pipeline import TranslateError, load_model, quiet_checkpoint_logs, score_pairs
+from attn_jax.pipeline import TranslateError, load_ensemble, quiet_checkpoint_logs, score_pairs
 
 
 def add_score_parser(subparsers) -> argparse.ArgumentParser:
@@ -35,7 +35,9 @@ def add_score_parser(subparsers) -> argparse.ArgumentParser:
             "0 done, 1 missing run/file, different line counts or a pair too long, 2 bad flag."
         ),
     )
-    p.add_argument("--workdir", required=True, metavar="DIR", help="the training run's directory")
+    from attn_jax.cli._options import add_workdir_flag
+
+    add_workdir_flag(p)
     p.add_argument("--src", required=True, metavar="FILE", help="source sentences, one a line")
     p.add_argument(
         "--tgt", required=True, metavar="FILE", help="target sentences, one a line, as many as --src"
@@ -75,7 +77,7 @@ def run_score(args: argparse.Namespace) -> int:
                 "line k of each must form pair k"
             )
         quiet_checkpoint_logs()
-        loaded = load_model(args.workdir, checkpoint)
+        loaded = load_ensemble(args.workdir, checkpoint)
         if loaded.note:
             print(f"attn-jax score: warning: {loaded.note}", file=sys.stderr)
         scores = score_pairs(loaded, sources, targets, batch_size=args.batch_size)

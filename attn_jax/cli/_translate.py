@@ -81,7 +81,7 @@ from attn_jax.pipeline import (
     Translation,
     decode_progress,
     length_limit_report,
-    load_model,
+    load_ensemble,
     merge_length_limit_reports,
     quiet_checkpoint_logs,
     translate_sentences,
@@ -126,7 +126,9 @@ def add_translate_parser(subparsers) -> argparse.ArgumentParser:
             "1 missing run/checkpoint or empty input, 2 bad flag."
         ),
     )
-    p.add_argument("--workdir", required=True, metavar="DIR", help="the training run's directory")
+    from attn_jax.cli._options import add_workdir_flag
+
+    add_workdir_flag(p)
     p.add_argument(
         "--input",
         default="-",
@@ -445,7 +447,7 @@ def run_translate(args: argparse.Namespace) -> int:
         # A file is read before the (slow) model load, so that its errors come at once; stdin after it, so that
         # the first line typed is answered without waiting for the load.
         lines = None if args.input == "-" else _read_lines(args.input)
-        loaded = load_model(args.workdir, args.checkpoint, args.weights)
+        loaded = load_ensemble(args.workdir, args.checkpoint, args.weights)
         if loaded.note:
             print(f"attn-jax translate: warning: {loaded.note}", file=sys.stderr)
         rule = decode.length_limit(loaded.config)

@@ -56,7 +56,10 @@ def pad_rows(rows: list[list[int]], width: int, num_rows: int, eos_id: int, pad_
 
 def model_length_cap(model) -> int | None:
     """The most target tokens (with ``</s>``) a model can produce: a Transformer's decoder cache holds
-    ``model.config.max_length`` positions; None for a model without such a bound (the RNNs)."""
+    ``model.config.max_length`` positions; None for a model without such a bound (the RNNs). An ensemble (a
+    sequence of models) can produce what its most bounded member can."""
+    if isinstance(model, Sequence):
+        return min((c for c in map(model_length_cap, model) if c is not None), default=None)
     cap = getattr(getattr(model, "config", None), "max_length", None)
     return int(cap) if cap else None
 

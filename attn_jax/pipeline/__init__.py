@@ -9,7 +9,7 @@ alike (``experiments/`` call these, never ``attn_jax.cli*``)::
     hyps = pipeline.translate_sentences(loaded, ["the dog slept ."], pipeline.DecodeOptions(beam_size=12))
     result = pipeline.evaluate_workdir("runs/rnnsearch_cpu", split="test")   # BLEU, AER, heatmaps, tables
 
-* loading (``_load``): :class:`LoadedModel`, :func:`load_model`, :class:`TranslateError`,
+* loading (``_load``): :class:`LoadedModel`, :func:`load_model`, :func:`load_ensemble`, :class:`TranslateError`,
   :func:`quiet_checkpoint_logs`;
 * decoding options (``_options``): :class:`DecodeOptions`, the options both commands share;
 * length limit (``_length``): :func:`length_limit` (the rule both commands share),
@@ -48,6 +48,7 @@ from attn_jax.pipeline._load import (
     WEIGHTS,
     LoadedModel,
     TranslateError,
+    load_ensemble,
     load_model,
     quiet_checkpoint_logs,
 )
@@ -80,6 +81,7 @@ __all__ = [
     "length_batches",
     "length_limit",
     "length_limit_report",
+    "load_ensemble",
     "load_model",
     "load_split",
     "merge_length_limit_reports",

@@ -42,13 +42,16 @@ def reference_attention(
     loaded: LoadedModel, sources: Sequence[str], references: Sequence[str], *, batch_size: int = 32
 ) -> list[np.ndarray] | None:
     """Teacher-forced attention on each reference: ``[m + 1, n + 1]`` per sentence (rows: the ``m`` reference
-    tokens then ``</s>``; columns: the ``n`` source tokens then ``</s>``); None for a model without attention."""
+    tokens then ``</s>``; columns: the ``n`` source tokens then ``</s>``); None for a model without attention.
+    An ensemble gives the mean of its members' attention (members without attention left out), as its beam
+    search does."""
     from flax import nnx
 
     sv, tv = loaded.src_vocab, loaded.tgt_vocab
     src_ids = [sv.encode(s) for s in sources]
     tgt_ids = [tv.encode(r) for r in references]
-    graphdef, state = nnx.split(loaded.model)
+    models = loaded.model if isinstance(loaded.model, tuple) else (loaded.model,)
+    splits = [nnx.split(m) for m in models]
     lengths = [max(len(s), len(t)) + 1 for s, t in zip(src_ids, tgt_ids, strict=True)]
     out: list[np.ndarray | None] = [None] * len(sources)
     for chunk, width, rows in length_batches(lengths, batch_size):
@@ -64,10 +67,11 @@ def reference_attention(
 
             ext = [extend_with_source(sources[i], "", tv)[0] for i in chunk]
             src_ext = pad_rows(ext, width, rows, tv.eos_id, tv.pad_id)[0]
-        weights = _teacher_forced()(graphdef, state, src, mask, tgt_in, src_ext)
-        if weights is None:
+        found = [_teacher_forced()(g, s, src, mask, tgt_in, src_ext) for g, s in splits]
+        found = [np.asarray(w) for w in found if w is not None]
+        if not found:
             return None
-        weights = np.asarray(weights)
+        weights = np.mean(found, axis=0)
         for r, i in enumerate(chunk):
             out[i] = weights[r, : len(tgt_ids[i]) + 1, : len(src_ids[i]) + 1]
     return out  # type: ignore[return-value]

@@ -24,7 +24,7 @@ from attn_jax.pipeline._attention import (
 )
 from attn_jax.pipeline._bleu import _without_sacrebleu_tokenized_warning, bleu_options
 from attn_jax.pipeline._length import LengthLimitReport, length_limit_report
-from attn_jax.pipeline._load import LoadedModel, TranslateError, load_model
+from attn_jax.pipeline._load import LoadedModel, TranslateError, load_ensemble
 from attn_jax.pipeline._options import DecodeOptions
 from attn_jax.pipeline._split import load_split, select_examples
 from attn_jax.pipeline._translate import Translation, translate_sentences
@@ -41,7 +41,7 @@ _PICK_NOTES = {
 
 
 def evaluate_workdir(
-    workdir: str | os.PathLike,
+    workdir: str | os.PathLike | Sequence[str | os.PathLike],
     *,
     split: str = "test",
     decode: DecodeOptions | None = None,
@@ -62,7 +62,9 @@ def evaluate_workdir(
     """Evaluate a training run on one split: decode, BLEU overall / by length / No UNK, AER, heatmaps, tables.
 
     Args:
-      workdir: the run directory (``checkpoints/``, ``vocab/``).
+      workdir: the run directory (``checkpoints/``, ``vocab/``), or several: an ensemble
+        (:func:`load_ensemble`) whose log-probabilities are averaged. The first run's config gives the corpus
+        and the length limit; the result, ``summary.json`` and ``evaluation.md`` list the members.
       split: the corpus split (``test``, ``validation``, ``train``, or TFDS slicing such as ``test[:500]``).
       decode: the beam search, length limit, repetition control and ``<unk>`` replacement
         (:class:`DecodeOptions`; None: its defaults). Its ``nbest`` is not used: the best hypothesis is scored.
@@ -71,7 +73,8 @@ def evaluate_workdir(
         references look tokenised gets a warning (:func:`bleu_options`).
       max_examples: evaluate at most this many pairs, spread evenly over the length buckets
         (:func:`select_examples`); None: all.
-      out_dir: where to write (default ``workdir/eval/<split>``).
+      out_dir: where to write (default ``workdir/eval/<split>``; an ensemble's: the first run's
+        ``eval/<split>-ensemble``).
       checkpoint: ``best`` (by the run's ``checkpoint.best_metric``, lowest validation loss by default; the
         latest when no kept checkpoint was evaluated, which is logged and kept in ``checkpoint_note``), ``last``
         or a step.
@@ -103,10 +106,11 @@ def evaluate_workdir(
       tokenised, and the warning given, if any), ``options``, ``timings``, ``files`` (name -> path),
       ``tensorboard`` (``logdir``, ``step``, ``tags`` of the PNGs added as TensorBoard images, ``scalars``:
       the tags of overall BLEU, chrF and TER; None when the
-      run has ``tensorboard`` off or its directory is read-only, which is logged) and two
-      objects for composing multi-system tables:
-      ``bleu_by_length_result`` (:class:`attn_jax.eval.BleuByLength`) and ``system_scores``
-      (:class:`attn_jax.eval.SystemScores`). ``evaluation.json`` holds the same minus those two objects.
+      run has ``tensorboard`` off or its directory is read-only, which is logged),
+      ``ensemble`` (only for an ensemble: per run its ``workdir``, ``step`` and ``checkpoint_note``; then
+      ``workdir`` and ``step`` are the first run's, and TensorBoard is not written) and two objects for
+      composing multi-system tables: ``bleu_by_length_result`` (:class:`attn_jax.eval.BleuByLength`) and
+      ``system_scores`` (:class:`attn_jax.eval.SystemScores`). ``evaluation.json`` holds the same minus those two objects.
 
     Raises:
       TranslateError: a missing run or checkpoint, or bad options. ``attn_jax.data.CorpusError``: the split
@@ -140,11 +144,14 @@ def evaluate_workdir(
     }
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
-    loaded = load_model(workdir, checkpoint, weights)
+    runs = [os.fspath(workdir)] if isinstance(workdir, str | os.PathLike) else [os.fspath(w) for w in workdir]
+    loaded = load_ensemble(runs, checkpoint, weights)
     if loaded.note:  # never silent: the CLI logs to stderr, and the JSON and the report keep it
         log(f"warning: {loaded.note}")
-    system = name or _SYSTEM_NAMES.get(str(loaded.config.model.arch), str(loaded.config.model.arch))
-    out_dir = os.fspath(out_dir) if out_dir is not None else os.path.join(os.fspath(workdir), "eval", split)
+    workdir = runs[0]
+    system = name or _system_name(loaded)
+    default_out = os.path.join(workdir, "eval", f"{split}-ensemble" if loaded.members else split)
+    out_dir = os.fspath(out_dir) if out_dir is not None else default_out
     os.makedirs(out_dir, exist_ok=True)
     pairs = _read_pairs(
         loaded.config, split, max_examples=max_examples, test_per_bucket=test_per_bucket, log=log
@@ -153,7 +160,7 @@ def evaluate_workdir(
     rule = decode.length_limit(loaded.config)
     timings["load_s"] = time.perf_counter() - t0
     log(
-        f"{system} (step {loaded.step}{', EMA weights' if weights == 'ema' else ''}): decoding {len(pairs.sources)} {split} sentences with beam {decode.beam_size}, "
+        f"{system} ({_steps(loaded)}{', EMA weights' if weights == 'ema' else ''}): decoding {len(pairs.sources)} {split} sentences with beam {decode.beam_size}, "
         f"length limit {rule.describe()}"
     )
 
@@ -172,7 +179,10 @@ def evaluate_workdir(
     t0 = time.perf_counter()
     files = _Files(out_dir)
     _write_sentences(files, pairs, hypotheses, alignment.links, bleu)
-    scores = _write_tables(files, system, pairs.corpus, scored, alignment.aer, limit_report, chrf_ter)
+    members = _members(loaded) if loaded.members else None
+    scores = _write_tables(
+        files, system, pairs.corpus, scored, alignment.aer, limit_report, chrf_ter, ensemble=members
+    )
     picked, heatmaps = _draw_heatmaps(
         files,
         loaded,
@@ -386,10 +396,18 @@ def _write_sentences(
 
 
 def _write_tables(
-    files: _Files, system: str, corpus, bleu: _Bleu, aer, limit_report: LengthLimitReport, chrf_ter
+    files: _Files,
+    system: str,
+    corpus,
+    bleu: _Bleu,
+    aer,
+    limit_report: LengthLimitReport,
+    chrf_ter,
+    ensemble: list[dict[str, Any]] | None = None,
 ):
     """``bleu_by_length.{md,json,png}`` and ``summary.{md,json}`` (with chrF and TER overall and by source
-    length under ``<system>.chrf`` / ``.ter``); returns the ``attn_jax.eval.SystemScores``."""
+    length under ``<system>.chrf`` / ``.ter``, an ensemble's runs under ``<system>.ensemble``); returns the
+    ``attn_jax.eval.SystemScores``."""
     from attn_jax import eval as ev
 
     scores = ev.SystemScores(bleu.by_length.overall, bleu.no_unk, aer)
@@ -408,6 +426,8 @@ def _write_tables(
     summary[system]["bleu_options"] = bleu.options
     for m, r in chrf_ter.items():
         summary[system][m] = r.to_dict()
+    if ensemble:
+        summary[system]["ensemble"] = ensemble
     with open(files.path("summary.json"), "w", encoding="utf-8") as f:
         json.dump(summary, f, indent=2, allow_nan=False)
     ev.plot_bleu_by_length(
@@ -513,6 +533,8 @@ def _draw_own_translation(
     from attn_jax import eval as ev
 
     multi_head = hasattr(loaded.model, "cross_attention_weights")
+    if loaded.members:  # the search's attention is the mean of the members'
+        title += f", mean of {len(loaded.members)} runs"
     source_labels, target_labels = [*hyp.source_tokens, "</s>"], [*hyp.tokens, "</s>"]
     drawn = [
         ev.plot_attention(
@@ -562,6 +584,9 @@ def _tensorboard_images(
     at the checkpoint's step; None when the run has TensorBoard off."""
     if not getattr(loaded.config, "tensorboard", True):
         return None
+    if loaded.members:  # never silent: the pictures of an ensemble belong to no one run's log
+        log("TensorBoard: an ensemble's evaluation is not added to a run's TensorBoard log")
+        return None
     from attn_jax.train import EventWriter
 
     tag_split = re.sub(r"[^-\w.]", "_", split)  # TensorBoard's tag alphabet: test[:500] -> test__500_
@@ -599,6 +624,7 @@ def _record(
 ) -> dict[str, Any]:
     """The result of :func:`evaluate_workdir` as ``evaluation.json`` holds it."""
     aer, aer_within = alignment.aer, alignment.aer_within
+    ensemble = {"ensemble": _members(loaded)} if loaded.members else {}
     return {
         "system": system,
         "workdir": os.fspath(workdir),
@@ -629,6 +655,7 @@ def _record(
         "timings": timings,
         "files": files,
         "tensorboard": tensorboard,
+        **ensemble,
     }
 
 
@@ -649,6 +676,7 @@ def _evaluation_markdown(
     md = [
         f"# {system} on {corpus} ({result['split']}), checkpoint step {result['step']}\n",
         *([f"**Warning:** {note}.\n"] if note else []),
+        *([f"{_ensemble_markdown(result['ensemble'])}\n"] if "ensemble" in result else []),
         f"Beam {options['beam_size']}, α = {options['alpha']}, β = {options['beta']}; "
         f"{result['num_sentences']} sentences.\n",
         f"{'**Warning:** ' if limit_report.stopped else ''}{_limit_markdown(limit_report)}\n",
@@ -687,6 +715,31 @@ def _write_evaluation(files: _Files, result: dict[str, Any], md: Sequence[str]) 
 
 
 # --------------------------------------------------------------------------------------------- helpers
+
+
+def _system_name(loaded: LoadedModel) -> str:
+    """``RNNsearch`` from the run's ``model.arch``; an ensemble: ``RNNsearch ensemble of 2``."""
+    archs = [str(m.config.model.arch) for m in loaded.members or (loaded,)]
+    names = "+".join(dict.fromkeys(_SYSTEM_NAMES.get(a, a) for a in archs))
+    return f"{names} ensemble of {len(archs)}" if loaded.members else names
+
+
+def _steps(loaded: LoadedModel) -> str:
+    """``step 4``, or an ensemble's ``steps 4, 6``."""
+    if not loaded.members:
+        return f"step {loaded.step}"
+    return f"steps {', '.join(str(m.step) for m in loaded.members)}"
+
+
+def _members(loaded: LoadedModel) -> list[dict[str, Any]]:
+    """An ensemble's runs for ``evaluation.json`` and ``summary.json``: directory, step and checkpoint note."""
+    return [{"workdir": m.workdir, "step": m.step, "checkpoint_note": m.note or None} for m in loaded.members]
+
+
+def _ensemble_markdown(members: Sequence[dict[str, Any]]) -> str:
+    """One Markdown sentence naming an ensemble's runs."""
+    runs = ", ".join(f"`{m['workdir']}` (step {m['step']})" for m in members)
+    return f"Ensemble of {len(members)} runs, their log-probabilities averaged: {runs}."
 
 
 def _word_level(loaded: LoadedModel) -> bool:

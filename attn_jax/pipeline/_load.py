@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
-__all__ = ["WEIGHTS", "LoadedModel", "TranslateError", "load_model", "quiet_checkpoint_logs"]
+__all__ = ["WEIGHTS", "LoadedModel", "TranslateError", "load_ensemble", "load_model", "quiet_checkpoint_logs"]
 
 WEIGHTS = ("raw", "ema")  # which parameters of a checkpoint: the trained ones, or their moving average
 
@@ -15,9 +16,13 @@ class TranslateError(ValueError):
 
 
 class LoadedModel(NamedTuple):
-    """A trained model restored from a run directory, with its vocabularies and config."""
+    """A trained model restored from a run directory, with its vocabularies and config.
 
-    model: Any  # flax.nnx.Module with the step interface
+    An ensemble (:func:`load_ensemble`) holds a tuple of modules in ``model``, its runs in ``members`` and
+    the first run's vocabularies, config, step and directory.
+    """
+
+    model: Any  # flax.nnx.Module with the step interface, or a tuple of them (an ensemble)
     src_vocab: Any  # attn_jax.data.Vocabulary
     tgt_vocab: Any
     config: Any  # ml_collections.ConfigDict of the run
@@ -25,6 +30,7 @@ class LoadedModel(NamedTuple):
     workdir: str
     note: str = ""  # one line when another checkpoint than the one asked for was loaded (print it)
     weights: str = "raw"  # "ema": the moving average of the weights (optimizer.ema_decay)
+    members: tuple[LoadedModel, ...] = ()  # an ensemble's runs, in the order given; empty for one run
 
 
 def _checkpoint_steps(workdir: str) -> list[int]:
@@ -105,6 +111,70 @@ def load_model(
     return LoadedModel(
         model, src_vocab, tgt_vocab, config, int(restored.step), workdir, restored.note, weights
     )
+
+
+def load_ensemble(
+    workdirs: Sequence[str | os.PathLike], checkpoint: str | int = "best", weights: str = "raw"
+) -> LoadedModel:
+    """Restore several runs to decode as one model: beam search and scoring average their log-probabilities.
+
+    Each run is restored by :func:`load_model` with the same ``checkpoint`` and ``weights``. The runs must
+    share their vocabularies, compared file by file in ``vocab/`` before any checkpoint is read. A copy model
+    (``model.copy``) cannot join an ensemble. One run gives :func:`load_model`'s result.
+
+    Returns:
+      A :class:`LoadedModel` whose ``model`` is the tuple of the runs' modules (``attn_jax.decoding.beam_search``
+      takes it as an ensemble) and whose ``members`` are the runs; ``note`` joins the runs' notes.
+
+    Raises:
+      TranslateError: no run, runs with different vocabularies (one line naming both), a copy model, or
+        :func:`load_model`'s errors.
+    """
+    paths = [os.fspath(w) for w in workdirs]
+    if not paths:
+        raise TranslateError("an ensemble needs at least one run directory")
+    if len(paths) == 1:
+        return load_model(paths[0], checkpoint, weights)
+    first = _vocab_files(paths[0])
+    for path in paths[1:]:
+        side = _vocab_difference(first, _vocab_files(path))
+        if side:
+            raise TranslateError(
+                f"{paths[0]} and {path} have different {side} vocabularies (vocab/{side}): an ensemble needs "
+                "the same vocabularies"
+            )
+    members = tuple(load_model(p, checkpoint, weights) for p in paths)
+    for m in members:
+        if getattr(getattr(m.model, "config", None), "copy", False):
+            raise TranslateError(f"{m.workdir}: a copy model (model.copy) cannot join an ensemble")
+    head = members[0]
+    note = "; ".join(f"{m.workdir}: {m.note}" for m in members if m.note)
+    return head._replace(model=tuple(m.model for m in members), note=note, members=members)
+
+
+def _vocab_files(workdir: str) -> dict[str, dict[str, bytes]]:
+    """The files of ``workdir/vocab/source`` and ``vocab/target``, by side and name (empty when absent:
+    :func:`load_model` then names the problem)."""
+    out: dict[str, dict[str, bytes]] = {}
+    for side in ("source", "target"):
+        directory = os.path.join(workdir, "vocab", side)
+        files = {}
+        if os.path.isdir(directory):
+            for name in sorted(os.listdir(directory)):
+                path = os.path.join(directory, name)
+                if os.path.isfile(path):
+                    with open(path, "rb") as f:
+                        files[name] = f.read()
+        out[side] = files
+    return out
+
+
+def _vocab_difference(a: dict[str, dict[str, bytes]], b: dict[str, dict[str, bytes]]) -> str | None:
+    """The first side (``source`` or ``target``) whose vocabulary files differ, or None."""
+    for side in ("source", "target"):
+        if a[side] and b[side] and a[side] != b[side]:
+            return side
+    return None
 
 
 def quiet_checkpoint_logs() -> None:

@@ -56,10 +56,11 @@ def score_pairs(
 
     ``log P(Y | X) = Σ_{t=1..m+1} log p(y_t | y_<t, X)`` with ``y_{m+1} = </s>``: the negative of the trainer's
     cross-entropy sum without label smoothing. Sources end in ``</s>`` as in training. Pairs are batched by
-    length as :func:`translate_sentences` batches sentences; padding changes no score.
+    length as :func:`translate_sentences` batches sentences; padding changes no score. An ensemble
+    (:func:`load_ensemble`) gives the mean of its members' ``log P(Y | X)``, as its beam search averages them.
 
     Args:
-      loaded: the model and vocabularies (:func:`load_model`).
+      loaded: the model and vocabularies (:func:`load_model` or :func:`load_ensemble`).
       sources: source sentences, whitespace-tokenised like the training corpus.
       targets: one target sentence per source.
       batch_size: pairs per batch.
@@ -92,7 +93,8 @@ def score_pairs(
                 f"{len(over)} pair(s) longer than the model's {cap} positions (</s> included), first line "
                 f"{i + 1}: {len(src_ids[i])} source and {len(tgt_ids[i])} target tokens; not truncated"
             )
-    graphdef, state = nnx.split(loaded.model)
+    models = loaded.model if isinstance(loaded.model, tuple) else (loaded.model,)
+    splits = [nnx.split(m) for m in models]
     out: list[ScoredPair | None] = [None] * len(sources)
     for chunk, width, rows in length_batches(lengths, batch_size):
         if cap is not None:  # a learned position table has only cap rows; every pair fits in them (above)
@@ -109,7 +111,10 @@ def score_pairs(
             tgt_out[r, len(t)] = tv.eos_id
             tgt_len[r] = len(t) + 1
         tgt_mask = np.arange(width) < tgt_len[:, None]
-        totals = np.asarray(_log_likelihoods()(graphdef, state, src, mask, tgt_in, tgt_out, tgt_mask))
+        batch = (src, mask, tgt_in, tgt_out, tgt_mask)
+        totals = np.mean(
+            [np.asarray(_log_likelihoods()(g, s, *batch), np.float64) for g, s in splits], axis=0
+        )
         for r, i in enumerate(chunk):
             total, n = float(totals[r]), int(tgt_len[r])
             unk = sum(1 for x in tgt_ids[i] if x == tv.unk_id)
