@@ -118,6 +118,7 @@ def export_run(
     batch_size: int = 32,
     no_repeat_ngram: int = 0,
     min_length: int = 0,
+    modes: Sequence[str] = MODES,
 ) -> dict[str, Any]:
     """Export a run's encoder with beam search and greedy decoding as StableHLO, with weights and vocabularies.
 
@@ -139,6 +140,7 @@ def export_run(
       platforms: what to lower for, among ``cpu``, ``cuda``, ``rocm`` and ``tpu``.
       batch_size: sentences per batch the loader uses by default (``attn-jax translate``'s ``--batch-size``).
       no_repeat_ngram, min_length: repetition control, as ``beam_search``'s (0: off).
+      modes: which searches to export, ``beam`` and/or ``greedy``.
 
     Returns:
       The manifest written.
@@ -152,7 +154,9 @@ def export_run(
 
     from attn_jax.pipeline import TranslateError, length_limit, load_model, model_length_cap
 
-    platforms = tuple(platforms)
+    platforms, modes = tuple(platforms), tuple(modes)
+    if not modes or any(m not in MODES for m in modes) or len(set(modes)) != len(modes):
+        raise ExportError(f"modes must be distinct names among {', '.join(MODES)}, got {modes!r}")
     _check_options(
         beam_size, alpha, beta, platforms, max_source_length, batch_size, no_repeat_ngram, min_length
     )
@@ -190,8 +194,8 @@ def export_run(
     (batch,) = jax.export.symbolic_shape("b")
     param_specs = [jax.ShapeDtypeStruct(np.shape(x), x.dtype) for x in leaves]
     options = {"beam": (beam_size, alpha, beta), "greedy": (1, 0.0, 0.0)}
-    blobs, functions = {}, {mode: {} for mode in MODES}
-    for mode in MODES:
+    blobs, functions = {}, {mode: {} for mode in modes}
+    for mode in modes:
         k, a, b = options[mode]
         for width in widths:
             length = rule.tokens(width - 1) + 1  # the static output width of this source width

@@ -203,7 +203,8 @@ class ExportedModel:
           One string per line.
 
         Raises:
-          ExportError: a sentence longer than the export's largest source width, or a bad ``batch_size``.
+          ExportError: a sentence longer than the export's largest source width, a mode the export does not
+            hold, or a bad ``batch_size``.
         """
         mode = "greedy" if greedy else "beam"
         size = self.manifest["decoding"]["batch_size"] if batch_size is None else batch_size
@@ -211,6 +212,8 @@ class ExportedModel:
             raise ExportError(f"batch_size must be an int >= 1, got {size!r}")
         if isinstance(lines, str):
             raise ExportError("translate takes a sequence of lines, got one str")
+        if mode not in self.manifest["functions"]:
+            raise ExportError(f"{self.directory}: this export holds no {mode} search")
         encoded = [self._src.encode(s) for s in lines]
         todo = [i for i, ids in enumerate(encoded) if ids]
         for i in todo:
