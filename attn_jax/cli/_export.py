@@ -67,7 +67,11 @@ def add_export_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--beta", type=float, default=0.0, help="coverage-penalty weight β (default: %(default)s)")
     add_repetition_flags(p)
     p.add_argument(
-        "--batch-size", type=int, default=32, help="sentences per batch when loaded (default: %(default)s)"
+        "--batch-size",
+        type=int,
+        default=32,
+        metavar="N",
+        help="sentences per batch when loaded (default: %(default)s)",
     )
     p.add_argument(
         "--max-source-length",
@@ -132,6 +136,8 @@ def run_export(args: argparse.Namespace) -> int:
         )
     except (ExportError, ValueError) as e:
         return _error(e)
+    if manifest["run"]["note"]:
+        print(f"attn-jax export: warning: {manifest['run']['note']}", file=sys.stderr)
     widths = manifest["source_widths"]
     print(
         f"exported {manifest['run']['workdir']} step {manifest['run']['step']} to {args.output}: beam "

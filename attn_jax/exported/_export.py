@@ -256,6 +256,7 @@ def export_run(
                 "checkpoint": checkpoint,
                 "weights": loaded.weights,
                 "arch": config.model.get("arch"),
+                "note": loaded.note,  # another checkpoint than the one asked for, and why ("" if none)
             },
             "dtype": {
                 "params": sorted({str(x.dtype) for x in leaves}),

@@ -135,7 +135,7 @@ class LimitReport(NamedTuple):
             return None
         return (
             f"{self.stopped_at_limit} of {self.translations} translations stopped at the length limit "
-            f"({self.rule}) instead of ending with </s>: export again with a larger --max-length-ratio"
+            f"({self.rule}) instead of ending with </s>: export again with a larger --max-length or --max-length-ratio"
         )
 
 
@@ -154,7 +154,8 @@ def _current_platform() -> str:
     backend = jax.default_backend()
     if backend != "gpu":
         return backend
-    version = str(getattr(jax.devices()[0].client, "platform_version", "")).lower()
+    client = getattr(jax.devices()[0], "client", None)
+    version = str(getattr(client, "platform_version", "")).lower()
     return "rocm" if "rocm" in version else "cuda"
 
 
