@@ -123,8 +123,9 @@ def export_run(
     """Export a run's encoder with beam search and greedy decoding as StableHLO, with weights and vocabularies.
 
     One function per mode (``beam``, ``greedy``) and padded source width (16, 32, ... up to the width of
-    ``max_source_length`` tokens), each with a symbolic batch size: the output width and the encoder's scans
-    are static per source width, as in ``attn-jax translate``'s compiled searches. The weights are
+    ``max_source_length`` tokens), each with a symbolic batch size. The search's output width is static and
+    grows with the source width (the length limit), so each width keeps its own, as in ``attn-jax
+    translate``'s compiled searches; one function with a symbolic width would carry the longest buffers. The weights are
     arguments, stored once in ``weights.npz``, not constants in each function. ``output`` gets
     ``manifest.json``, ``weights.npz``, ``<mode>_<width>.jaxexport`` and ``vocab/{source,target}``.
 
