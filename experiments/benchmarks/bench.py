@@ -1,11 +1,11 @@
 """The attn_jax benchmark harness: every row measured side by side in one process, written to RESULTS.md.
 
-    .venv/bin/python experiments/benchmarks/bench.py                      # full CPU run -> RESULTS.md (7-9 min, 2 cores)
-    .venv/bin/python experiments/benchmarks/bench.py --quick --out /tmp/R.md   # smoke sizes (2-5 min, mostly compiling)
+    .venv/bin/python experiments/benchmarks/bench.py                      # full CPU run -> RESULTS.md
+    .venv/bin/python experiments/benchmarks/bench.py --quick --out /tmp/R.md   # smoke sizes
     .venv/bin/python experiments/benchmarks/bench.py --device gpu         # the GPU section (+ cuDNN, bfloat16)
     .venv/bin/python experiments/benchmarks/bench.py --quick --rows 2,3   # a subset of the rows, while developing
 
-Rows (see README.md for what each measures and why):
+Rows, one module each in ``rows/`` (README.md says what each measures, why, and how long a run takes):
 
 1. ``dot_product_attention`` (default path) vs ``jax.nn.dot_product_attention`` and PyTorch's
    ``scaled_dot_product_attention`` at 1 and 2 threads, forward and forward+backward;
@@ -13,15 +13,19 @@ Rows (see README.md for what each measures and why):
    (fresh subprocesses), error and time of chunked vs plain;
 3. additive attention in a decoder ``lax.scan`` at the paper's sizes: naive autodiff vs the fused scorer;
 4. RNNsearch training throughput vs the same architecture in PyTorch (``torch_peers.py``), equal parameters;
-5. beam-search decoding speed for beams 1, 4, 12 at batch 1 and 32 vs a PyTorch batched beam search at 1 and 2 threads;
-6. compilations during a bucketed training run (must equal the number of batch shapes, not grow with steps).
+5. beam-search decoding speed for beams 1, 4, 12 at batch 1 and 32 vs a PyTorch batched beam search at 1 and
+   2 threads;
+6. compilations during a bucketed training run (must equal the number of batch shapes, not grow with steps);
+7. Transformer training tokens/s with and without packed sequences (not in the default ``--rows``);
+8. peak RSS and start-up of ``attn-jax train`` as a prepared corpus grows (not in the default ``--rows``).
 
-Timings are medians of repeated calls after a warm-up call (JAX programs are compiled ahead of time, so
-compilation is never timed), each call ended by ``jax.block_until_ready``; PyTorch runs with ``torch.set_num_threads(<usable cores>)`` unless a row names its thread counts (rows 1, 4
-and 5: 1 and 2). Memory is XLA's compiled
-memory analysis (argument + output + temp bytes) of the jitted function (row 2 also measures executed calls' RSS), so the large rows are compiled,
-never executed. Running ``--device cpu`` rewrites only the CPU section of ``--out`` and keeps an earlier GPU
-section (and vice versa). Exit status 1 if any row raised (its section then shows the error).
+Timings are medians of repeated calls after a warm-up call, each ended by ``jax.block_until_ready``. JAX
+programs are compiled ahead of time, so compilation is never timed. PyTorch runs with
+``torch.set_num_threads(<usable cores>)`` unless a row names its thread counts (rows 1, 4 and 5: 1 and 2).
+Memory is XLA's compiled memory analysis (argument + output + temp bytes) of the jitted function, so the large
+rows are compiled, never executed; row 2 also measures executed calls' RSS. Running ``--device cpu`` rewrites
+only the CPU section of ``--out`` and keeps an earlier GPU section, and vice versa. The exit status is 1 if any
+row raised; its section then shows the error. The shared timing, sizes and report live in ``harness/``.
 """
 
 from __future__ import annotations
@@ -71,7 +75,7 @@ ROWS: dict[int, Callable[[Ctx], Section]] = {
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--quick", action="store_true", help="smoke sizes: every row in about a minute")
+    p.add_argument("--quick", action="store_true", help="smoke sizes: every row, small and fast")
     p.add_argument("--device", choices=("cpu", "gpu"), default="cpu", help="where JAX (and PyTorch) run")
     p.add_argument("--out", default=DEFAULT_OUT, help="the Markdown file to write (default: %(default)s)")
     p.add_argument("--rows", default="1,2,3,4,5,6", help="comma-separated row numbers (default: all)")

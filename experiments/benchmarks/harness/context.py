@@ -90,7 +90,7 @@ FULL = Sizes(
     paper_train=(8000, 256, 512, 256, 512, 64, 30, 6),
     beam_batch=32,
     beam_sizes=(1, 4, 12),
-    bucket_boundaries=(12, 24),  # each bucket is one train_step and one eval_step compilation (~15 s each)
+    bucket_boundaries=(12, 24),  # each bucket is one train_step and one eval_step compilation
     compile_steps=16,
 )
 

@@ -45,8 +45,8 @@ def measure(
     return Timing(statistics.median(samples), first, len(samples))
 
 
-# measure_interleaved settles a call shorter than SETTLE_BELOW_S s before each timed call, by calling it untimed
-# for SETTLE_S s: past the ~10 ms that PyTorch's idle OpenMP threads spin after a call.
+# A call shorter than SETTLE_BELOW_S is first called untimed for SETTLE_S: longer than PyTorch's idle OpenMP
+# threads spin after a call.
 SETTLE_BELOW_S = 0.25
 SETTLE_S = 0.03
 
@@ -59,13 +59,11 @@ def measure_interleaved(ctx: Ctx, calls: dict[str, Callable[[], object]]) -> dic
     noisy machine a slow spell then hits every variant alike instead of whichever one was being timed, so the
     ratios of the medians are far steadier than those of variants timed one after the other.
 
-    A call shorter than ``SETTLE_BELOW_S`` is first called untimed for ``SETTLE_S`` (at least once) in each round, so
-    that every side is timed in the steady state it has in a loop of its own calls (a training loop, repeated
-    attention calls), not in the wake of the side before it: after a PyTorch call its idle OpenMP threads spin for
-    about 10 ms, and a JAX call timed then shares the 2 cores with them. Measured (L 256 attention forward, 2 cores,
-    the median of each of 5 attn_jax calls right after a 2-thread PyTorch call): 4.71, 4.25, 4.04, 3.45, 3.50 ms,
-    against 2.8-2.9 ms after an attn_jax call. Longer calls are timed directly: the spinning is then a few per
-    cent at most, and settling would double the row's time.
+    A call shorter than ``SETTLE_BELOW_S`` is first called untimed for ``SETTLE_S`` (at least once) in each
+    round. Every side is then timed in the steady state of a loop of its own calls, not in the wake of the side
+    before it. After a PyTorch call its idle OpenMP threads keep spinning, and a JAX call timed then shares the
+    cores with them. Longer calls are timed directly: the spinning is a small share of them, and settling would
+    double the row's time.
     """
     s = ctx.sizes
     names = list(calls)

@@ -54,11 +54,10 @@ print(json.dumps({"before": before, "peak": status("VmHWM"), "estimate": estimat
 def _rss_table(ctx: Ctx, sec: Section, h: int, d: int) -> dict[tuple[int, str, str], int]:
     """Peak RSS growth of one executed call (fresh subprocess each), beside XLA's compile-time estimate.
 
-    The compiled memory analysis does not see buffers that XLA's CPU runtime allocates inside a library fusion
-    (a plain forward at L=4096 can grow the process by 576 MiB while the analysis says 32 MiB),
-    so what a user's process needs is measured here: the peak resident size during the call (``VmHWM``, reset
-    just before it through ``/proc/self/clear_refs``) minus the resident size just before it (after compilation and the inputs). A peak reached during compilation and not exceeded by the call
-    would read as ≤ 0 and is shown as "< compile peak".
+    The compiled memory analysis does not see buffers that XLA's CPU runtime allocates inside a library fusion,
+    so what a user's process needs is measured here. It is the peak resident size during the call (``VmHWM``,
+    reset just before it through ``/proc/self/clear_refs``) minus the resident size just before it, after
+    compilation and the inputs. A peak reached during compilation and not exceeded by the call reads as ≤ 0.
     """
     import json as _json
 
