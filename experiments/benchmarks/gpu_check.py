@@ -54,6 +54,7 @@ REPO = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 
 import harness  # noqa: E402  (the benchmark's timing, formatting and RESULTS.md writer: one of each)
+from harness import section_marker  # noqa: E402
 from rows.rnnsearch import random_batches  # noqa: E402
 from rows.row1_attention import chosen_path, compile_attention_pass  # noqa: E402
 
@@ -768,10 +769,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             harness.write_results(copy, SECTION, body)
             with open(copy, encoding="utf-8") as f:
                 text = f.read()
-        if (
-            text.count(harness.section_marker(SECTION)) != 1
-            or text.count(harness.section_marker(SECTION, end=True)) != 1
-        ):
+        if text.count(section_marker(SECTION)) != 1 or text.count(section_marker(SECTION, end=True)) != 1:
             failed.append("writing the section into a copy of RESULTS.md")
         print(
             f"Tiny check {'FAILED: ' + ', '.join(failed) if failed else 'passed'} ({total:.0f} s); "

@@ -26,9 +26,7 @@ DPA_TORCH_RATIO_MAX = 1.2  # CPU attention within 1.2x of torch SDPA (aim 1.0)
 
 def row_dot_product(ctx: Ctx) -> Section:
     """Default ``dot_product_attention`` vs ``jax.nn.dot_product_attention`` vs torch SDPA (1 and 2 threads)."""
-    from attn_jax.attention import dot_product_attention
-
-    jax, jnp, np, s = ctx.jax, ctx.jnp, ctx.np, ctx.sizes
+    np, s = ctx.np, ctx.sizes
     b, h, d = s.dpa_batch, s.dpa_heads, s.dpa_width
     dtypes = ["float32"] + (["bfloat16"] if ctx.device == "gpu" else [])
     threads = _torch_thread_counts(ctx) if ctx.torch_device == "cpu" else [None]
@@ -43,77 +41,17 @@ def row_dot_product(ctx: Ctx) -> Section:
         f"{DPA_RATIO_MAX}; attn_jax default / torch SDPA ≤ {DPA_TORCH_RATIO_MAX} against each thread count "
         "(aim ≤ 1.0).",
     )
-    tnames = [f"torch {n}" if n else "torch" for n in threads]
-    header = ["dtype", "L", "pass", "attn_jax default (path)", "jax.nn"]
-    header += [f"torch SDPA, {n} thread{'s' if n > 1 else ''}" if n else "torch SDPA" for n in threads]
-    if ctx.device == "gpu":
-        header += ["attn_jax cudnn", "jax.nn cudnn"]
-    header += ["default / jax.nn", f"target ≤ {DPA_RATIO_MAX}"]
-    for n in threads:
-        header += [f"default / torch{f' {n}' if n else ''}", f"target ≤ {DPA_TORCH_RATIO_MAX}"]
     rows = []
     rng = np.random.default_rng(0)
     for dtype in dtypes:
         for length in s.dpa_lengths:
-            shape = (b, h, length, d)
-            q, k, v, g = (rng.standard_normal(shape).astype(np.float32) for _ in range(4))
-            jq, jk, jv, jg = (jnp.asarray(x, dtype) for x in (q, k, v, g))
-            tq, tk, tv, tg = (jnp.swapaxes(x, 1, 2) for x in (jq, jk, jv, jg))  # [B, L, H, K] for jax.nn
-
-            def lib(q, k, v, implementation=None):
-                return dot_product_attention(q, k, v, implementation=implementation)
-
-            def ref(q, k, v, implementation=None):
-                return jax.nn.dot_product_attention(q, k, v, implementation=implementation)
-
-            variants = {"default": (lib, None, (jq, jk, jv, jg)), "jax.nn": (ref, None, (tq, tk, tv, tg))}
-            if ctx.device == "gpu":
-                variants["lib cudnn"] = (lib, "cudnn", (jq, jk, jv, jg))
-                variants["jax.nn cudnn"] = (ref, "cudnn", (tq, tk, tv, tg))
-            path = chosen_path(ctx, jq, jk, jv)
+            arrays = tuple(rng.standard_normal((b, h, length, d)).astype(np.float32) for _ in range(4))
+            variants = _attention_variants(ctx, arrays, dtype)
+            path = chosen_path(ctx, *variants["default"][2][:3])
             for mode in ("fwd", "fwd+bwd"):
-                cells: dict[str, str] = {}
-                times: dict[str, float] = {}
-                ready: dict[str, Callable[[], object]] = {}
-                for name, (fn, impl, (a1, a2, a3, cot)) in variants.items():
-                    try:
-                        compiled, args = compile_attention_pass(jax, fn, impl, (a1, a2, a3, cot), mode)
-                    except Exception as e:  # cuDNN may refuse a dtype/shape: say so in the cell
-                        cells[name] = f"n/a ({type(e).__name__})"
-                        continue
-                    need = compiled_bytes(compiled)
-                    if need is not None and need > ctx.mem_limit:
-                        cells[name] = f"skipped (needs {fmt_bytes(need)})"
-                        continue
-                    ready[name] = jax_call(ctx, compiled, *args)
-                if ctx.torch_device is not None:
-                    for n, tname in zip(threads, tnames, strict=True):
-                        ready[tname] = _torch_sdpa(ctx, (q, k, v, g), dtype, mode, n)
-                else:
-                    cells.update({t: "n/a (no CUDA PyTorch)" for t in tnames})
-                if ready:
-                    ctx.log(f"row 1: {dtype} L={length} {mode} {', '.join(ready)} (interleaved)")
-                    for name, t in measure_interleaved(ctx, ready).items():
-                        times[name] = t.median
-                        cells[name] = fmt_time(t.median)
-                ratio = functools.partial(_ratio_to_default, times)
-                row = [dtype, str(length), mode, f"{cells['default']} ({path})", cells["jax.nn"]]
-                row += [cells[t] for t in tnames]
-                if ctx.device == "gpu":
-                    row += [cells["lib cudnn"], cells["jax.nn cudnn"]]
-                r_ref = ratio("jax.nn")
-                row += [
-                    "—" if r_ref is None else fmt_ratio(r_ref),
-                    "—" if r_ref is None else verdict(r_ref <= DPA_RATIO_MAX),
-                ]
-                for t in tnames:
-                    r = ratio(t)
-                    row += [
-                        "—" if r is None else fmt_ratio(r),
-                        "—" if r is None else verdict(r <= DPA_TORCH_RATIO_MAX),
-                    ]
-                rows.append(row)
-    sec.table(header, rows)
+                times, cells = _time_attention(ctx, variants, arrays, (dtype, length, mode), threads)
+                rows.append(_attention_row(ctx, times, cells, [dtype, str(length), mode], path, threads))
+    sec.table(_attention_header(ctx, threads), rows)
     if ctx.torch_device is not None:
         sec.notes.append(f"PyTorch SDPA backend for these inputs: {_torch_backend(ctx, (b, h, 256, d))}.")
     sec.notes.append(
@@ -122,6 +60,96 @@ def row_dot_product(ctx: Ctx) -> Section:
         "kernel loops over (batch, head) with `lax.map`, so each step's 512 × 512 block stays in cache."
     )
     return sec
+
+
+def _torch_names(threads: list[int | None]) -> list[str]:
+    """The keys of the torch SDPA variants, one per thread count (None: as set)."""
+    return [f"torch {n}" if n else "torch" for n in threads]
+
+
+def _attention_header(ctx: Ctx, threads: list[int | None]) -> list[str]:
+    """Row 1's table header: times of every variant, then each ratio with its target column."""
+    header = ["dtype", "L", "pass", "attn_jax default (path)", "jax.nn"]
+    header += [f"torch SDPA, {n} thread{'s' if n > 1 else ''}" if n else "torch SDPA" for n in threads]
+    if ctx.device == "gpu":
+        header += ["attn_jax cudnn", "jax.nn cudnn"]
+    header += ["default / jax.nn", f"target ≤ {DPA_RATIO_MAX}"]
+    for n in threads:
+        header += [f"default / torch{f' {n}' if n else ''}", f"target ≤ {DPA_TORCH_RATIO_MAX}"]
+    return header
+
+
+def _attention_variants(ctx: Ctx, arrays, dtype: str) -> dict[str, tuple]:
+    """The JAX variants of one size: ``name -> (function, implementation, (q, k, v, cotangent))``."""
+    from attn_jax.attention import dot_product_attention
+
+    jax, jnp = ctx.jax, ctx.jnp
+    jq, jk, jv, jg = (jnp.asarray(x, dtype) for x in arrays)
+    tq, tk, tv, tg = (jnp.swapaxes(x, 1, 2) for x in (jq, jk, jv, jg))  # [B, L, H, K] for jax.nn
+
+    def lib(q, k, v, implementation=None):
+        return dot_product_attention(q, k, v, implementation=implementation)
+
+    def ref(q, k, v, implementation=None):
+        return jax.nn.dot_product_attention(q, k, v, implementation=implementation)
+
+    variants = {"default": (lib, None, (jq, jk, jv, jg)), "jax.nn": (ref, None, (tq, tk, tv, tg))}
+    if ctx.device == "gpu":
+        variants["lib cudnn"] = (lib, "cudnn", (jq, jk, jv, jg))
+        variants["jax.nn cudnn"] = (ref, "cudnn", (tq, tk, tv, tg))
+    return variants
+
+
+def _time_attention(
+    ctx: Ctx, variants: dict[str, tuple], arrays, case: tuple[str, int, str], threads: list[int | None]
+) -> tuple[dict[str, float], dict[str, str]]:
+    """Median seconds and table cells of every variant and torch SDPA for one ``(dtype, L, pass)``, interleaved.
+
+    A variant that does not compile or would not fit in ``ctx.mem_limit`` gets a cell that says so and no time.
+    """
+    dtype, length, mode = case
+    cells: dict[str, str] = {}
+    times: dict[str, float] = {}
+    ready: dict[str, Callable[[], object]] = {}
+    for name, (fn, impl, (a1, a2, a3, cot)) in variants.items():
+        try:
+            compiled, args = compile_attention_pass(ctx.jax, fn, impl, (a1, a2, a3, cot), mode)
+        except Exception as e:  # cuDNN may refuse a dtype/shape: say so in the cell
+            cells[name] = f"n/a ({type(e).__name__})"
+            continue
+        need = compiled_bytes(compiled)
+        if need is not None and need > ctx.mem_limit:
+            cells[name] = f"skipped (needs {fmt_bytes(need)})"
+            continue
+        ready[name] = jax_call(ctx, compiled, *args)
+    tnames = _torch_names(threads)
+    if ctx.torch_device is not None:
+        for n, tname in zip(threads, tnames, strict=True):
+            ready[tname] = _torch_sdpa(ctx, arrays, dtype, mode, n)
+    else:
+        cells.update({t: "n/a (no CUDA PyTorch)" for t in tnames})
+    if ready:
+        ctx.log(f"row 1: {dtype} L={length} {mode} {', '.join(ready)} (interleaved)")
+        for name, t in measure_interleaved(ctx, ready).items():
+            times[name] = t.median
+            cells[name] = fmt_time(t.median)
+    return times, cells
+
+
+def _attention_row(
+    ctx: Ctx, times: dict[str, float], cells: dict[str, str], first: list[str], path: str, threads
+) -> list[str]:
+    """One table row: ``first`` (dtype, L, pass), the cells, then each ratio to the default and its verdict."""
+    ratio = functools.partial(_ratio_to_default, times)
+    tnames = _torch_names(threads)
+    row = [*first, f"{cells['default']} ({path})", cells["jax.nn"]]
+    row += [cells[t] for t in tnames]
+    if ctx.device == "gpu":
+        row += [cells["lib cudnn"], cells["jax.nn cudnn"]]
+    for name, limit in [("jax.nn", DPA_RATIO_MAX)] + [(t, DPA_TORCH_RATIO_MAX) for t in tnames]:
+        r = ratio(name)
+        row += ["—" if r is None else fmt_ratio(r), "—" if r is None else verdict(r <= limit)]
+    return row
 
 
 def compile_attention_pass(jax, fn, impl, arrays, mode: str):

@@ -108,9 +108,7 @@ def _rss_table(ctx: Ctx, sec: Section, h: int, d: int) -> dict[tuple[int, str, s
 
 def row_chunked(ctx: Ctx) -> Section:
     """Plain vs chunked: compiled memory as L grows, chunked's error and time against plain."""
-    from attn_jax.attention import dot_product_attention
-
-    jax, jnp, np, s = ctx.jax, ctx.jnp, ctx.np, ctx.sizes
+    jnp, np, s = ctx.jnp, ctx.np, ctx.sizes
     h, d = s.mem_heads, s.dpa_width
     sec = Section(
         "2. Chunked (flash-style) vs plain attention: memory, error, time",
@@ -120,17 +118,54 @@ def row_chunked(ctx: Ctx) -> Section:
         f"≤ {CHUNKED_REL_ERR_MAX:g}; chunked / plain time ≤ {CHUNKED_TIME_RATIO_MAX} (L={s.time_length}); "
         "chunked memory grows linearly (×2 per doubling of L).",
     )
+    memory = _memory_table(ctx, sec, h, d)
+    grown = _rss_table(ctx, sec, h, d)
 
-    def program(impl):
-        f = functools.partial(dot_product_attention, implementation=impl)
-        return jax.jit(lambda q, k, v, g: jax.vjp(f, q, k, v)[1](g))
+    rng = np.random.default_rng(1)
 
+    def inputs(length):
+        return [jnp.asarray(rng.standard_normal((1, h, length, d)), jnp.float32) for _ in range(4)]
+
+    # Error of chunked against plain at a size where plain fits.
+    errors = _chunked_error(ctx, *inputs(s.err_length))
+    times = _chunked_times(ctx, *inputs(s.time_length))
+    summary = _summary(ctx, memory, errors, times, grown)
+    sec.table(["quantity", "value", "target", "status"], summary)
+    sec.notes.append(
+        "Relative error = max |chunked − plain| / max |plain| (float32 both; plain is the reference path)."
+    )
+    sec.notes.append(
+        "At small L chunked's fixed per-block buffers (query_chunk × key_chunk logits per head) dominate, so "
+        "the growth ratio approaches 2 from below as L grows; the growth target is read at the largest doubling."
+    )
+    return sec
+
+
+def _fwd_bwd(ctx: Ctx, impl: str):
+    """The jitted VJP of ``dot_product_attention(q, k, v, implementation=impl)``: ``(q, k, v, g) -> grads``."""
+    from attn_jax.attention import dot_product_attention
+
+    jax = ctx.jax
+    f = functools.partial(dot_product_attention, implementation=impl)
+    return jax.jit(lambda q, k, v, g: jax.vjp(f, q, k, v)[1](g))
+
+
+def _fwd(ctx: Ctx, impl: str):
+    """The jitted ``dot_product_attention(q, k, v, implementation=impl)``."""
+    from attn_jax.attention import dot_product_attention
+
+    return ctx.jax.jit(functools.partial(dot_product_attention, implementation=impl))
+
+
+def _memory_table(ctx: Ctx, sec: Section, h: int, d: int) -> tuple[dict[int, int], dict[int, int]]:
+    """Compiled fwd+bwd memory of plain and chunked at every ``mem_lengths``, as a table; ``(plain, chunked)``."""
+    jax, jnp = ctx.jax, ctx.jnp
     rows, chunked_mem, plain_mem = [], {}, {}
-    for length in s.mem_lengths:
+    for length in ctx.sizes.mem_lengths:
         spec = jax.ShapeDtypeStruct((1, h, length, d), jnp.float32)
         ctx.log(f"row 2: compiling L={length}")
-        plain = compiled_bytes(program("xla").lower(spec, spec, spec, spec).compile())
-        chunk = compiled_bytes(program("chunked").lower(spec, spec, spec, spec).compile())
+        plain = compiled_bytes(_fwd_bwd(ctx, "xla").lower(spec, spec, spec, spec).compile())
+        chunk = compiled_bytes(_fwd_bwd(ctx, "chunked").lower(spec, spec, spec, spec).compile())
         chunked_mem[length], plain_mem[length] = chunk, plain
         prev = chunked_mem.get(length // 2)
         rows.append(
@@ -154,37 +189,44 @@ def row_chunked(ctx: Ctx) -> Section:
         ],
         rows,
     )
-    grown = _rss_table(ctx, sec, h, d)
-    top, below = s.mem_lengths[-1], s.mem_lengths[-1] // 2
+    return plain_mem, chunked_mem
 
-    rng = np.random.default_rng(1)
 
-    def inputs(length):
-        return [jnp.asarray(rng.standard_normal((1, h, length, d)), jnp.float32) for _ in range(4)]
-
-    # Error of chunked against plain at a size where plain fits.
-    q, k, v, g = inputs(s.err_length)
-    fwd = {i: jax.jit(functools.partial(dot_product_attention, implementation=i)) for i in ("xla", "chunked")}
-    out = {i: np.asarray(fwd[i](q, k, v), np.float64) for i in fwd}
-    grads = {i: [np.asarray(x, np.float64) for x in program(i)(q, k, v, g)] for i in fwd}
+def _chunked_error(ctx: Ctx, q, k, v, g) -> tuple[float, float]:
+    """Max relative error of chunked against plain: of the output, and the largest of dq, dk, dv."""
+    np = ctx.np
+    impls = ("xla", "chunked")
+    out = {i: np.asarray(_fwd(ctx, i)(q, k, v), np.float64) for i in impls}
+    grads = {i: [np.asarray(x, np.float64) for x in _fwd_bwd(ctx, i)(q, k, v, g)] for i in impls}
     rel = float(np.abs(out["chunked"] - out["xla"]).max() / np.abs(out["xla"]).max())
     rel_grad = max(
         float(np.abs(a - b).max() / np.abs(b).max())
         for a, b in zip(grads["chunked"], grads["xla"], strict=True)
     )
+    return rel, rel_grad
 
-    # Time of chunked against plain.
-    q, k, v, g = inputs(s.time_length)
+
+def _chunked_times(ctx: Ctx, q, k, v, g) -> dict[tuple[str, str], float]:
+    """Median seconds of plain and chunked, fwd and fwd+bwd, each pair timed interleaved."""
     times = {}
     for mode in ("fwd", "fwd+bwd"):
         ready = {}
         for impl in ("xla", "chunked"):
-            prog, args = (fwd[impl], (q, k, v)) if mode == "fwd" else (program(impl), (q, k, v, g))
+            prog, args = (
+                (_fwd(ctx, impl), (q, k, v)) if mode == "fwd" else (_fwd_bwd(ctx, impl), (q, k, v, g))
+            )
             ready[impl] = jax_call(ctx, prog.lower(*args).compile(), *args)
-        ctx.log(f"row 2: timing L={s.time_length} {mode} xla, chunked (interleaved)")
+        ctx.log(f"row 2: timing L={ctx.sizes.time_length} {mode} xla, chunked (interleaved)")
         for impl, t in measure_interleaved(ctx, ready).items():
             times[mode, impl] = t.median
+    return times
 
+
+def _summary(ctx: Ctx, memory, errors, times, grown) -> list[list[str]]:
+    """The quantity / value / target / status rows: memory, error, time, RSS and growth against the targets."""
+    s = ctx.sizes
+    (plain_mem, chunked_mem), (rel, rel_grad) = memory, errors
+    top, below = s.mem_lengths[-1], s.mem_lengths[-1] // 2
     at = s.mem_target_length
     summary = [
         [
@@ -232,12 +274,4 @@ def row_chunked(ctx: Ctx) -> Section:
             verdict(1.6 <= growth <= 2.4),
         ]
     )
-    sec.table(["quantity", "value", "target", "status"], summary)
-    sec.notes.append(
-        "Relative error = max |chunked − plain| / max |plain| (float32 both; plain is the reference path)."
-    )
-    sec.notes.append(
-        "At small L chunked's fixed per-block buffers (query_chunk × key_chunk logits per head) dominate, so "
-        "the growth ratio approaches 2 from below as L grows; the growth target is read at the largest doubling."
-    )
-    return sec
+    return summary

@@ -57,17 +57,18 @@ def row_training(ctx: Ctx) -> Section:
     return sec
 
 
+WRITTEN = "PyTorch, paper GRU written out"  # the numerical peer: attn_jax's exact function
+FUSED = "PyTorch, fused nn.GRU"  # the speed peer
+
+
 def _training_at(ctx: Ctx, sec: Section, label: str, cfg, batch: int, length: int, steps: int) -> None:
     """One size of row 4: a table of every side's tokens/s and a table of ratios, appended to ``sec``."""
-    import torch_peers
+    from attn_jax.train import init_train_state
 
-    from attn_jax.train import init_train_state, param_count, train_step
-
-    jax, np, torch = ctx.jax, ctx.np, ctx.torch
+    jax = ctx.jax
     step_cfg = dataclasses.replace(step_config(ctx), model=cfg)
-    usable = torch.get_num_threads()
+    usable = ctx.torch.get_num_threads()
     threads = sorted({1, min(2, usable)})
-    dims = (cfg.src_vocab, cfg.tgt_vocab, cfg.embed, cfg.hidden, cfg.maxout, cfg.align)
     ctx.log(f"row 4 ({label}): V={cfg.tgt_vocab} m={cfg.embed} n={cfg.hidden} B={batch} L={length}")
 
     batches = random_batches(ctx, 4, batch, length, cfg.tgt_vocab, seed=3)
@@ -75,68 +76,13 @@ def _training_at(ctx: Ctx, sec: Section, label: str, cfg, batch: int, length: in
     schedule = [batches[i % len(batches)] for i in range(warmup + steps)]
     tokens = sum(int(bt.tgt_len.sum()) for bt in schedule[warmup:])
 
-    device = jax.local_devices()[0]
-    state = jax.device_put(init_train_state(step_cfg, 0), device)
-    written = torch_peers.TorchRNNsearch(*dims)
-    torch_peers.load_jax_params(written, jax.device_get(state.params))
-    n_jax, n_written = param_count(cfg), torch_peers.param_count(written)
-    if n_jax != n_written:  # the loss check is meaningless unless the two networks are the same
-        raise AssertionError(f"parameter counts differ: attn_jax {n_jax:,} vs PyTorch {n_written:,}")
-    fused = {}
-    for t in threads:
-        torch.manual_seed(0)
-        fused[t] = torch_peers.TorchRNNsearchFused(*dims)
-    n_fused = torch_peers.param_count(fused[threads[0]])
-    tdev = ctx.torch_device or "cpu"
-    for mdl in (written, *fused.values()):
-        mdl.to(tdev)
-
-    def torch_batch(bt):
-        return tuple(
-            torch.from_numpy(x).to(tdev)
-            for x in (
-                bt.src.astype(np.int64),
-                bt.src_mask,
-                bt.tgt_in.astype(np.int64),
-                bt.tgt_out.astype(np.int64),
-                bt.tgt_mask,
-            )
-        )
-
-    opt = dict(learning_rate=LEARNING_RATE, clip_norm=CLIP_NORM, eps=ADAM_EPS)
-    sides = {("PyTorch, paper GRU written out", usable): torch_peers.make_train_step(written, **opt)}
-    for t in threads:
-        sides[("PyTorch, fused nn.GRU", t)] = torch_peers.make_train_step(fused[t], **opt)
-    times = {k: [] for k in [("attn_jax", usable), *sides]}
-    losses = {k: [] for k in times}
-    sync = torch_sync(ctx)
-    for i, bt in enumerate(schedule):
-        t0 = time.perf_counter()
-        state, metrics = train_step(state, jax.device_put(bt, device), step_cfg)
-        m = jax.device_get(metrics)
-        times[("attn_jax", usable)].append(time.perf_counter() - t0)
-        losses[("attn_jax", usable)].append(float(m.loss.loss / m.loss.tokens))
-        tb = torch_batch(bt)
-        for (name, t), step in sides.items():
-            torch.set_num_threads(t)
-            try:
-                t0 = time.perf_counter()
-                losses[(name, t)].append(step(*tb))
-                if sync:
-                    sync()
-                times[(name, t)].append(time.perf_counter() - t0)
-            finally:
-                torch.set_num_threads(usable)
-        ctx.log(f"row 4 ({label}): step {i + 1}/{len(schedule)}")
+    state = jax.device_put(init_train_state(step_cfg, 0), jax.local_devices()[0])
+    sides, params = _torch_sides(ctx, cfg, jax.device_get(state.params), threads, usable)
+    times, losses = _interleaved_steps(ctx, label, state, step_cfg, sides, schedule, usable)
 
     def tps(key) -> float:
         return tokens / (statistics.median(times[key][warmup:]) * steps)
 
-    params = {
-        "attn_jax": n_jax,
-        "PyTorch, paper GRU written out": n_written,
-        "PyTorch, fused nn.GRU": n_fused,
-    }
     sec.table(
         [
             f"{label}: V={cfg.tgt_vocab}, m={cfg.embed}, n={cfg.hidden}, l={cfg.maxout}, A={cfg.align}, "
@@ -163,10 +109,95 @@ def _training_at(ctx: Ctx, sec: Section, label: str, cfg, batch: int, length: in
             for name, t in times
         ],
     )
+    sec.table(["quantity", "value", "target", "status"], _ratio_rows(tps, losses, threads, usable))
+
+
+def _torch_sides(ctx: Ctx, cfg, jax_params, threads: list[int], usable: int):
+    """The PyTorch train steps, keyed ``(peer, threads)``, and every side's parameter count.
+
+    The written-out peer starts from attn_jax's parameters and must have as many; each fused peer (one per
+    thread count) starts from the same seed.
+    """
+    import torch_peers
+
+    from attn_jax.train import param_count
+
+    torch = ctx.torch
+    dims = (cfg.src_vocab, cfg.tgt_vocab, cfg.embed, cfg.hidden, cfg.maxout, cfg.align)
+    written = torch_peers.TorchRNNsearch(*dims)
+    torch_peers.load_jax_params(written, jax_params)
+    n_jax, n_written = param_count(cfg), torch_peers.param_count(written)
+    if n_jax != n_written:  # the loss check is meaningless unless the two networks are the same
+        raise AssertionError(f"parameter counts differ: attn_jax {n_jax:,} vs PyTorch {n_written:,}")
+    fused = {}
+    for t in threads:
+        torch.manual_seed(0)
+        fused[t] = torch_peers.TorchRNNsearchFused(*dims)
+    n_fused = torch_peers.param_count(fused[threads[0]])
+    tdev = ctx.torch_device or "cpu"
+    for mdl in (written, *fused.values()):
+        mdl.to(tdev)
+    opt = dict(learning_rate=LEARNING_RATE, clip_norm=CLIP_NORM, eps=ADAM_EPS)
+    sides = {(WRITTEN, usable): torch_peers.make_train_step(written, **opt)}
+    for t in threads:
+        sides[(FUSED, t)] = torch_peers.make_train_step(fused[t], **opt)
+    return sides, {"attn_jax": n_jax, WRITTEN: n_written, FUSED: n_fused}
+
+
+def _torch_batch(ctx: Ctx, bt):
+    """A ``Batch`` as the PyTorch peers' ``(src, src_mask, tgt_in, tgt_out, tgt_mask)`` tensors."""
+    np, torch, tdev = ctx.np, ctx.torch, ctx.torch_device or "cpu"
+    return tuple(
+        torch.from_numpy(x).to(tdev)
+        for x in (
+            bt.src.astype(np.int64),
+            bt.src_mask,
+            bt.tgt_in.astype(np.int64),
+            bt.tgt_out.astype(np.int64),
+            bt.tgt_mask,
+        )
+    )
+
+
+def _interleaved_steps(ctx: Ctx, label: str, state, step_cfg, sides, schedule, usable: int):
+    """Every batch of ``schedule`` through attn_jax's train_step, then each PyTorch side at its thread count.
+
+    Returns the seconds and the loss of every step, keyed like ``sides`` plus ``("attn_jax", usable)``.
+    """
+    from attn_jax.train import train_step
+
+    jax, torch = ctx.jax, ctx.torch
+    device = jax.local_devices()[0]
+    times = {k: [] for k in [("attn_jax", usable), *sides]}
+    losses = {k: [] for k in times}
+    sync = torch_sync(ctx)
+    for i, bt in enumerate(schedule):
+        t0 = time.perf_counter()
+        state, metrics = train_step(state, jax.device_put(bt, device), step_cfg)
+        m = jax.device_get(metrics)
+        times[("attn_jax", usable)].append(time.perf_counter() - t0)
+        losses[("attn_jax", usable)].append(float(m.loss.loss / m.loss.tokens))
+        tb = _torch_batch(ctx, bt)
+        for (name, t), step in sides.items():
+            torch.set_num_threads(t)
+            try:
+                t0 = time.perf_counter()
+                losses[(name, t)].append(step(*tb))
+                if sync:
+                    sync()
+                times[(name, t)].append(time.perf_counter() - t0)
+            finally:
+                torch.set_num_threads(usable)
+        ctx.log(f"row 4 ({label}): step {i + 1}/{len(schedule)}")
+    return times, losses
+
+
+def _ratio_rows(tps, losses, threads: list[int], usable: int) -> list[list[str]]:
+    """attn_jax against each peer, the target checked against the faster fused peer; the loss agreement."""
     jax_tps = tps(("attn_jax", usable))
-    fused_tps = {t: tps(("PyTorch, fused nn.GRU", t)) for t in threads}
+    fused_tps = {t: tps((FUSED, t)) for t in threads}
     best = max(fused_tps, key=fused_tps.get)
-    written_key = ("PyTorch, paper GRU written out", usable)
+    written_key = (WRITTEN, usable)
     loss_diff = max(
         abs(a - b) / abs(b) for a, b in zip(losses[("attn_jax", usable)], losses[written_key], strict=True)
     )
@@ -192,4 +223,4 @@ def _training_at(ctx: Ctx, sec: Section, label: str, cfg, batch: int, length: in
             "—",
         ]
     )
-    sec.table(["quantity", "value", "target", "status"], rows)
+    return rows

@@ -14,10 +14,9 @@ BEAM_SPEEDUP_MIN = 1.5  # beam search at >= 1.5x a PyTorch batched beam search (
 
 def row_beam(ctx: Ctx) -> Section:
     """Beam-search sentences/s on the row-4 model with random parameters, against a PyTorch batched beam search."""
-    from attn_jax.decoding import beam_search
     from attn_jax.train import build_module, init_train_state
 
-    jax, jnp, np, s = ctx.jax, ctx.jnp, ctx.np, ctx.sizes
+    jax, np, s = ctx.jax, ctx.np, ctx.sizes
     step_cfg = step_config(ctx)
     cfg = step_cfg.model
     length = s.train_length
@@ -55,40 +54,9 @@ def row_beam(ctx: Ctx) -> Section:
         lens = rng.integers(length // 2, length + 1, batch)
         mask = np.arange(length)[None, :] < lens[:, None]
         tokens = np.where(mask, rng.integers(4, cfg.src_vocab, (batch, length)), 0)
-        src, jmask = jnp.asarray(tokens, jnp.int32), jnp.asarray(mask)
         for k in s.beam_sizes:
             ctx.log(f"row 5: batch {batch}, beam {k}")
-            calls = {
-                "attn_jax": lambda k=k, src=src, jmask=jmask: jax.block_until_ready(
-                    beam_search(model, src, jmask, beam_size=k, max_length=length, max_length_ratio=None)
-                )
-            }
-            t0 = time.perf_counter()
-            calls["attn_jax"]()
-            first = time.perf_counter() - t0
-            if tmodel is not None:
-                tsrc, tmask = torch.as_tensor(tokens), torch.as_tensor(mask)
-                for n in thread_counts:
-
-                    def run(n=n, k=k, tsrc=tsrc, tmask=tmask):
-                        torch.set_num_threads(n)
-                        try:
-                            torch_peers.beam_search(tmodel, tsrc, tmask, beam_size=k, max_length=length)
-                        finally:
-                            torch.set_num_threads(usable)
-
-                    calls[f"torch {n}"] = run
-            t = measure_interleaved(ctx, calls)
-            row = [str(batch), str(k), f"{batch / t['attn_jax'].median:,.1f}", fmt_time(t["attn_jax"].median)]
-            row.append(fmt_time(first))
-            for n in thread_counts:
-                ratio = t[f"torch {n}"].median / t["attn_jax"].median
-                row += [
-                    fmt_time(t[f"torch {n}"].median),
-                    f"{ratio:.2f}",
-                    verdict(ratio >= BEAM_SPEEDUP_MIN),
-                ]
-            rows.append(row)
+            rows.append(_beam_row(ctx, (model, tmodel), (tokens, mask), k, thread_counts))
     head = ["batch", "beam", "attn_jax sentences/s", "attn_jax time", "first call (compile)"]
     for n in thread_counts:
         head += [f"PyTorch {n} thread{'s' if n > 1 else ''}", f"speed-up vs {n}", "target"]
@@ -96,6 +64,53 @@ def row_beam(ctx: Ctx) -> Section:
     if tmodel is not None:
         sec.notes.append(_beam_peer_agreement(ctx, torch_peers))
     return sec
+
+
+def _beam_row(ctx: Ctx, models, inputs, k: int, thread_counts: list[int]) -> list[str]:
+    """One table row: attn_jax's rate at beam ``k``, its first call, and each PyTorch thread count's speed-up.
+
+    ``models`` is ``(attn_jax module, TorchRNNsearch or None)``; ``inputs`` the ``(tokens, mask)`` arrays.
+    """
+    from attn_jax.decoding import beam_search
+
+    jax, jnp, torch = ctx.jax, ctx.jnp, ctx.torch
+    (model, tmodel), (tokens, mask) = models, inputs
+    batch, length = tokens.shape
+    src, jmask = jnp.asarray(tokens, jnp.int32), jnp.asarray(mask)
+    calls = {
+        "attn_jax": lambda: jax.block_until_ready(
+            beam_search(model, src, jmask, beam_size=k, max_length=length, max_length_ratio=None)
+        )
+    }
+    t0 = time.perf_counter()
+    calls["attn_jax"]()
+    first = time.perf_counter() - t0
+    if tmodel is not None:
+        import torch_peers
+
+        usable = torch.get_num_threads()
+        tsrc, tmask = torch.as_tensor(tokens), torch.as_tensor(mask)
+        for n in thread_counts:
+
+            def run(n=n):
+                torch.set_num_threads(n)
+                try:
+                    torch_peers.beam_search(tmodel, tsrc, tmask, beam_size=k, max_length=length)
+                finally:
+                    torch.set_num_threads(usable)
+
+            calls[f"torch {n}"] = run
+    t = measure_interleaved(ctx, calls)
+    row = [str(batch), str(k), f"{batch / t['attn_jax'].median:,.1f}", fmt_time(t["attn_jax"].median)]
+    row.append(fmt_time(first))
+    for n in thread_counts:
+        ratio = t[f"torch {n}"].median / t["attn_jax"].median
+        row += [
+            fmt_time(t[f"torch {n}"].median),
+            f"{ratio:.2f}",
+            verdict(ratio >= BEAM_SPEEDUP_MIN),
+        ]
+    return row
 
 
 def _beam_peer_agreement(ctx: Ctx, torch_peers) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import contextlib
 import logging
 
 from harness import Ctx, Section, verdict
@@ -32,41 +33,13 @@ class _CompileLog(logging.Handler):
 
 def row_compiles(ctx: Ctx) -> Section:
     """Count compilations of train_step / eval_step over a bucketed run; they must not grow with steps."""
-    from attn_jax.data import (
-        BatchConfig,
-        WordVocabulary,
-        corpus_from_pairs,
-        encode_corpus,
-        make_batch_iterator,
-    )
-    from attn_jax.train import eval_step, init_train_state, train_step
-
-    jax, np, s = ctx.jax, ctx.np, ctx.sizes
-    rng = np.random.default_rng(5)
-    words = [f"w{i}" for i in range(40)]
-    top = s.bucket_boundaries[-1] - 1  # source + </s> and target + <s> fit the last bucket
-
-    def sentence(lo, hi):
-        return " ".join(rng.choice(words, int(rng.integers(lo, hi + 1))))
-
-    pairs = [(sentence(2, top - 1), sentence(2, top - 1)) for _ in range(400)]
-    corpus = corpus_from_pairs(pairs, name="bench")
-    src_vocab = WordVocabulary.build([p[0] for p in pairs])
-    tgt_vocab = WordVocabulary.build([p[1] for p in pairs])
-    encoded = encode_corpus(corpus, src_vocab, tgt_vocab)
-    train_cfg = BatchConfig(batch_size=COMPILE_TRAIN_BATCH, bucket_boundaries=s.bucket_boundaries, seed=0)
-    eval_cfg = BatchConfig(
-        batch_size=COMPILE_EVAL_BATCH,
-        bucket_boundaries=s.bucket_boundaries,
-        shuffle=False,
-        num_epochs=1,
-        drop_remainder=False,
-    )
+    s = ctx.sizes
+    encoded, vocab = _random_corpus(ctx)
     # Row 4's configuration (its vocabulary covers this corpus' ids), so init_train_state is not compiled
     # again; the batch sizes here differ from row 4's, so every train_step shape is new to this row.
     step_cfg = step_config(ctx)
-    if max(src_vocab.size, tgt_vocab.size) > step_cfg.model.src_vocab:
-        raise ValueError(f"row 6's corpus needs a vocabulary of {max(src_vocab.size, tgt_vocab.size)}")
+    if vocab > step_cfg.model.src_vocab:
+        raise ValueError(f"row 6's corpus needs a vocabulary of {vocab}")
     sec = Section(
         "6. Compilations during a bucketed training run",
         f"A random 400-pair corpus through `attn_jax.data.make_batch_iterator` with buckets "
@@ -76,35 +49,12 @@ def row_compiles(ctx: Ctx) -> Section:
         "Target: train_step compilations = distinct training batch shapes seen; none after the first pass "
         "over the shapes; eval_step compilations = distinct evaluation shapes.",
     )
-    handler = _CompileLog()
-    logger = logging.getLogger("jax._src.interpreters.pxla")
-    old_level, old_propagate = logger.level, logger.propagate
-    logger.setLevel(logging.DEBUG)
-    logger.propagate = False
-    logger.addHandler(handler)
-    try:
-        device = jax.local_devices()[0]
-        state = jax.device_put(init_train_state(step_cfg, 0), device)
-        train_iter = make_batch_iterator(encoded, train_cfg, prefetch=0)
-        seen, seen_half, compiles_half = set(), set(), 0
-        half = s.compile_steps // 2
-        for i in range(s.compile_steps):
-            batch = next(train_iter)
-            seen.add(batch.src.shape)
-            state, metrics = train_step(state, batch, step_cfg)
-            jax.device_get(metrics)
-            if i + 1 == half:
-                seen_half, compiles_half = set(seen), handler.count("train_step")
-        train_compiles = handler.count("train_step")
-        eval_shapes = set()
-        for batch in make_batch_iterator(encoded, eval_cfg, prefetch=0):
-            eval_shapes.add(batch.src.shape)
-            jax.device_get(eval_step(state.params, batch, step_cfg))
-        eval_compiles = handler.count("eval_step")
-    finally:
-        logger.removeHandler(handler)
-        logger.setLevel(old_level)
-        logger.propagate = old_propagate
+    with _compile_log() as handler:
+        seen, seen_half, compiles_half, train_compiles, eval_shapes = _train_and_evaluate(
+            ctx, encoded, step_cfg, handler
+        )
+    eval_compiles = handler.count("eval_step")
+    half = s.compile_steps // 2
     new_late = len(seen) - len(seen_half)
     late = train_compiles - compiles_half
     rows = [
@@ -136,3 +86,76 @@ def row_compiles(ctx: Ctx) -> Section:
         f"compiled during the run: {listed}."
     )
     return sec
+
+
+def _random_corpus(ctx: Ctx):
+    """400 random pairs that fit the last bucket, encoded; and the larger of the two vocabularies' sizes."""
+    from attn_jax.data import WordVocabulary, corpus_from_pairs, encode_corpus
+
+    rng = ctx.np.random.default_rng(5)
+    words = [f"w{i}" for i in range(40)]
+    top = ctx.sizes.bucket_boundaries[-1] - 1  # source + </s> and target + <s> fit the last bucket
+
+    def sentence(lo, hi):
+        return " ".join(rng.choice(words, int(rng.integers(lo, hi + 1))))
+
+    pairs = [(sentence(2, top - 1), sentence(2, top - 1)) for _ in range(400)]
+    corpus = corpus_from_pairs(pairs, name="bench")
+    src_vocab = WordVocabulary.build([p[0] for p in pairs])
+    tgt_vocab = WordVocabulary.build([p[1] for p in pairs])
+    return encode_corpus(corpus, src_vocab, tgt_vocab), max(src_vocab.size, tgt_vocab.size)
+
+
+@contextlib.contextmanager
+def _compile_log():
+    """A ``_CompileLog`` on JAX's compilation logger for the duration, the logger's settings restored after."""
+    handler = _CompileLog()
+    logger = logging.getLogger("jax._src.interpreters.pxla")
+    old_level, old_propagate = logger.level, logger.propagate
+    logger.setLevel(logging.DEBUG)
+    logger.propagate = False
+    logger.addHandler(handler)
+    try:
+        yield handler
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(old_level)
+        logger.propagate = old_propagate
+
+
+def _train_and_evaluate(ctx: Ctx, encoded, step_cfg, handler: _CompileLog):
+    """``compile_steps`` train steps, then one evaluation pass, over bucketed batches of ``encoded``.
+
+    Returns the training shapes seen, those seen in the first half of the steps, the train_step compilations
+    by then and after the last step, and the evaluation shapes.
+    """
+    from attn_jax.data import BatchConfig, make_batch_iterator
+    from attn_jax.train import eval_step, init_train_state, train_step
+
+    jax, s = ctx.jax, ctx.sizes
+    train_cfg = BatchConfig(batch_size=COMPILE_TRAIN_BATCH, bucket_boundaries=s.bucket_boundaries, seed=0)
+    eval_cfg = BatchConfig(
+        batch_size=COMPILE_EVAL_BATCH,
+        bucket_boundaries=s.bucket_boundaries,
+        shuffle=False,
+        num_epochs=1,
+        drop_remainder=False,
+    )
+    device = jax.local_devices()[0]
+    state = jax.device_put(init_train_state(step_cfg, 0), device)
+    train_iter = make_batch_iterator(encoded, train_cfg, prefetch=0)
+    seen, seen_half, compiles_half = set(), set(), 0
+    half = s.compile_steps // 2
+    for i in range(s.compile_steps):
+        batch = next(train_iter)
+        seen.add(batch.src.shape)
+        state, metrics = train_step(state, batch, step_cfg)
+        jax.device_get(metrics)
+        if i + 1 == half:
+            seen_half, compiles_half = set(seen), handler.count("train_step")
+    train_compiles = handler.count("train_step")
+    eval_shapes = set()
+    for batch in make_batch_iterator(encoded, eval_cfg, prefetch=0):
+        eval_shapes.add(batch.src.shape)
+        jax.device_get(eval_step(state.params, batch, step_cfg))
+    return seen, seen_half, compiles_half, train_compiles, eval_shapes

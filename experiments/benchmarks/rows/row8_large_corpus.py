@@ -81,70 +81,8 @@ def row_large_corpus(ctx: Ctx) -> Section:
     rows, peaks = [], {}
     with tempfile.TemporaryDirectory(prefix="attn_jax_bench_corpus_") as tmp:
         for n in sizes.corpus_sizes:
-            d = os.path.join(tmp, f"c{n}")
-            os.makedirs(d)
-            ctx.log(f"row 8: generating {n:,} pairs")
-            t0 = time.perf_counter()
-            _write_corpus(d, n)
-            generated = time.perf_counter() - t0
-            common = [
-                "--config",
-                smoke,
-                "--config.data.corpus=plain",
-                f"--config.data.source_path={d}/{{split}}.src",
-                f"--config.data.target_path={d}/{{split}}.tgt",
-                "--config.data.eval_split=none",
-            ]
-            prepared = os.path.join(tmp, f"p{n}")
-            ctx.log(f"row 8: preparing {n:,} pairs")
-            prep_s, _, prep_rss, out = _run_measured(
-                [*cli, "data", "--prepare", "--out", prepared, *common], env, ""
-            )
-            rate = re.search(r"data: prepared [\d,]+ pairs in [\d.]+ s \(([\d,]+) pairs/s\)", out)
-            train = [
-                "train",
-                "--progress",
-                "lines",
-                *common,
-                "--config.checkpoint_every=30",
-                "--config.tensorboard=false",
-                "--config.async_checkpoints=false",
-            ]
-            ctx.log(f"row 8: training 30 updates from the prepared {n:,} pairs")
-            wall, start, rss, out = _run_measured(
-                [
-                    *cli,
-                    *train,
-                    "--workdir",
-                    os.path.join(tmp, f"r{n}"),
-                    f"--config.data.prepared_dir={prepared}",
-                ],
-                env,
-                "model: ",
-            )
-            if "data: reusing prepared train split" not in out:
-                raise RuntimeError(f"the run did not reuse {prepared}: {out[-500:]}")
-            peaks[n] = rss
-            row = [
-                f"{n:,}",
-                fmt_time(generated),
-                f"{fmt_time(prep_s)} ({rate.group(1) if rate else '?'} pairs/s)",
-                fmt_bytes(prep_rss),
-                fmt_time(start),
-                fmt_time(wall),
-                fmt_bytes(rss),
-            ]
-            if n <= sizes.corpus_in_memory_up_to:
-                ctx.log(f"row 8: training 30 updates from {n:,} pairs in memory")
-                _, mem_start, mem_rss, _ = _run_measured(
-                    [*cli, *train, "--workdir", os.path.join(tmp, f"m{n}")], env, "model: "
-                )
-                row += [fmt_time(mem_start), fmt_bytes(mem_rss)]
-            else:
-                row += ["—", "—"]
+            row, peaks[n] = _corpus_row(ctx, tmp, n, (cli, env, smoke))
             rows.append(row)
-            shutil.rmtree(d)
-            shutil.rmtree(prepared)
     sec.table(
         [
             "pairs",
@@ -166,3 +104,74 @@ def row_large_corpus(ctx: Ctx) -> Section:
         f"(target < {CORPUS_RSS_RATIO_MAX}: {verdict(ratio < CORPUS_RSS_RATIO_MAX)})"
     )
     return sec
+
+
+def _corpus_row(ctx: Ctx, tmp: str, n: int, run) -> tuple[list[str], int]:
+    """Generate ``n`` pairs in ``tmp``, prepare them, train from them (and from memory up to the limit).
+
+    ``run`` is ``(cli argv, environment, config)``. Returns the table row and the peak RSS of the training
+    run from prepared data.
+    """
+    cli, env, smoke = run
+    sizes = ctx.sizes
+    d = os.path.join(tmp, f"c{n}")
+    os.makedirs(d)
+    ctx.log(f"row 8: generating {n:,} pairs")
+    t0 = time.perf_counter()
+    _write_corpus(d, n)
+    generated = time.perf_counter() - t0
+    common = [
+        "--config",
+        smoke,
+        "--config.data.corpus=plain",
+        f"--config.data.source_path={d}/{{split}}.src",
+        f"--config.data.target_path={d}/{{split}}.tgt",
+        "--config.data.eval_split=none",
+    ]
+    prepared = os.path.join(tmp, f"p{n}")
+    ctx.log(f"row 8: preparing {n:,} pairs")
+    prep_s, _, prep_rss, out = _run_measured([*cli, "data", "--prepare", "--out", prepared, *common], env, "")
+    rate = re.search(r"data: prepared [\d,]+ pairs in [\d.]+ s \(([\d,]+) pairs/s\)", out)
+    train = [
+        "train",
+        "--progress",
+        "lines",
+        *common,
+        "--config.checkpoint_every=30",
+        "--config.tensorboard=false",
+        "--config.async_checkpoints=false",
+    ]
+    ctx.log(f"row 8: training 30 updates from the prepared {n:,} pairs")
+    wall, start, rss, out = _run_measured(
+        [
+            *cli,
+            *train,
+            "--workdir",
+            os.path.join(tmp, f"r{n}"),
+            f"--config.data.prepared_dir={prepared}",
+        ],
+        env,
+        "model: ",
+    )
+    if "data: reusing prepared train split" not in out:
+        raise RuntimeError(f"the run did not reuse {prepared}: {out[-500:]}")
+    row = [
+        f"{n:,}",
+        fmt_time(generated),
+        f"{fmt_time(prep_s)} ({rate.group(1) if rate else '?'} pairs/s)",
+        fmt_bytes(prep_rss),
+        fmt_time(start),
+        fmt_time(wall),
+        fmt_bytes(rss),
+    ]
+    if n <= sizes.corpus_in_memory_up_to:
+        ctx.log(f"row 8: training 30 updates from {n:,} pairs in memory")
+        _, mem_start, mem_rss, _ = _run_measured(
+            [*cli, *train, "--workdir", os.path.join(tmp, f"m{n}")], env, "model: "
+        )
+        row += [fmt_time(mem_start), fmt_bytes(mem_rss)]
+    else:
+        row += ["—", "—"]
+    shutil.rmtree(d)
+    shutil.rmtree(prepared)
+    return row, rss
