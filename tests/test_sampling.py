@@ -44,7 +44,7 @@ def random_table(vocab, seed, concentration=0.5, eos=None):
 def reference_q(row, temperature=1.0, top_k=0, top_p=1.0):
     """Float64 distribution a draw comes from: ``<pad>``/``<s>`` removed, ``P^(1/T)`` renormalised, cut to the
     ``top_k`` most probable words, renormalised, then to the fewest most probable words whose probability sums
-    to ``top_p``, renormalised."""
+    to ``top_p`` (and any word tied with the last of them), renormalised."""
     logp = np.log(np.asarray(row, np.float64))
     logp[[PAD, BOS]] = -np.inf
     q = np.exp((logp - logp.max()) / temperature)
@@ -61,7 +61,7 @@ def reference_q(row, temperature=1.0, top_k=0, top_p=1.0):
                 break
             kept.append(w)
             total += q[w]
-        q = np.where(np.isin(np.arange(len(q)), kept), q, 0.0)
+        q = np.where(q >= q[kept[-1]], q, 0.0)  # a word tied with the last one kept stays too
         q /= q.sum()
     return q
 
@@ -150,7 +150,8 @@ def test_top_k_one_tiny_temperature_or_top_p_equal_greedy_decoding():
 
 # ---------------------------------------------------------------------------------------- distributions
 
-# The first word's distribution; <pad> and <s> have probability too, and must never be drawn.
+# The first word's distribution; <pad> and <s> have probability too, and must never be drawn. </s> and word 7 tie
+# at the nucleus boundary of the top_p case: both are in it.
 FIRST = np.array([0.05, 0.05, 0.06, 0.28, 0.2, 0.12, 0.08, 0.06, 0.04, 0.03, 0.02, 0.01])
 DRAWS = B * N
 
@@ -239,24 +240,25 @@ def test_same_seed_same_samples_and_every_sentence_draws_its_own():
     np.testing.assert_array_equal(np.asarray(moved.tokens)[np.argsort(perm)], first.tokens)
 
 
-def test_search_batches_draws_the_same_words_in_any_batching():
-    """``search_batches`` gives sentence ``i`` the id ``ids[i]``: batch sizes 2 and 4 sort and pad the same
-    sentences differently, yet every sentence gets the same samples."""
+def test_search_batches_draws_each_sentence_by_its_id():
+    """``search_batches`` gives sentence ``i`` the id ``ids[i]``: reversed, the sentences land in other batches
+    and rows, yet each gets the same samples; by default the ids are the positions, so equal sentences differ."""
     m = TableModel(NUCLEUS)
-    sources = [[3] * n for n in (3, 5, 2, 7)]
-    kw = dict(limit=LengthLimit(4, 1.0, 1), beam_size=1, num_return=2, sampling=Sampling(0.9, 0, 0.8, seed=2))
+    sources, ids = [[3, 4, 5]] * 4, [10, 11, 12, 13]
+    kw = dict(limit=LengthLimit(4, 1.0, 1), beam_size=1, num_return=2, batch_size=2)
+    kw["sampling"] = Sampling(temperature=0.9, top_p=0.8, seed=2)
 
-    def by_sentence(batch_size):
+    def by_sentence(ids):
         got = {}
-        for members, _, result in search_batches(m, sources, batch_size=batch_size, **kw):
+        for members, _, result in search_batches(m, sources, ids=ids, **kw):
+            assert len(members) == 2
             for r, i in enumerate(members):
-                got[i] = np.asarray(result.tokens[r])
+                got[ids[i] if ids else i] = np.asarray(result.tokens[r]).tobytes()
         return got
 
-    small, large = by_sentence(2), by_sentence(4)
-    for i in range(len(sources)):
-        np.testing.assert_array_equal(small[i], large[i])
-    assert len({small[i].tobytes() for i in small}) == len(sources)
+    forward, backward, default = by_sentence(ids), by_sentence(ids[::-1]), by_sentence(None)
+    assert forward == backward
+    assert len(set(forward.values())) == 4 and len(set(default.values())) == 4
 
 
 # ------------------------------------------------------------------------------------- limits and scores
@@ -273,6 +275,7 @@ def test_samples_keep_their_limits_flag_cuts_and_score_the_models_log_probabilit
     out = sample(table, 1, temperature=0.7, limits=limits)
     tokens, lengths, truncated = np.asarray(out.tokens), np.asarray(out.lengths), np.asarray(out.truncated)
     cut_at_limit = {True: 0, False: 0}
+    totals = np.zeros((B, N))
     for b, n in np.ndindex(lengths.shape):
         length, words = int(lengths[b, n]), tokens[b, n].tolist()
         assert 1 <= length <= limits[b]
@@ -281,11 +284,11 @@ def test_samples_keep_their_limits_flag_cuts_and_score_the_models_log_probabilit
         assert not truncated[b, n] or length == limits[b]
         if length == limits[b] and limits[b] > 1:
             cut_at_limit[bool(truncated[b, n])] += 1
-        prev, total = BOS, 0.0
+        prev = BOS
         for w in words[:length]:
-            total += np.log(table[prev, w])
+            totals[b, n] += np.log(table[prev, w])
             prev = w
-        assert_close_f32(out.log_probs[b, n], total, reduction=L)
+    assert_close_f32(out.log_probs, totals, reduction=L)
     assert cut_at_limit[True] > 100 and cut_at_limit[False] > 100, cut_at_limit
     assert np.all(np.diff(np.asarray(out.log_probs), axis=1) <= 0)
     assert np.all(lengths[limits == 1] == 1)  # a limit of 1 leaves room for </s> only
@@ -327,3 +330,72 @@ def test_bad_options_are_one_line_errors_naming_them():
         assert "\n" not in str(e.value)
     with pytest.raises(ValueError, match="seed"):
         Sampling(seed=-1).check()
+
+
+# -------------------------------------------------------------------------------------- the command line
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    from tests.test_cli_translate import make_run
+
+    return make_run(tmp_path_factory.mktemp("run"))
+
+
+def test_translate_sample_writes_the_librarys_samples(run_dir, tmp_path, capsys):
+    """``translate --sample`` writes ``--num-samples`` samples per line, as the library draws them; an input
+    translated in two pieces (as streamed stdin is) gets the same samples as at once."""
+    from attn_jax.cli import main
+    from attn_jax.pipeline import load_model, translate_sentences
+    from tests.test_cli_translate import SENTENCES
+
+    src = tmp_path / "in.txt"
+    src.write_text("\n".join(SENTENCES) + "\n", encoding="utf-8")
+    flags = [
+        "--temperature",
+        "0.8",
+        "--top-p",
+        "0.9",
+        "--seed",
+        "3",
+        "--num-samples",
+        "2",
+        "--batch-size",
+        "2",
+    ]
+    assert main(["translate", "--workdir", run_dir, "--input", str(src), "--sample", *flags]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    loaded = load_model(run_dir)
+    # Batches of 2 rows for all three calls: one compiled sampler.
+    options = dict(nbest=2, batch_size=2, sampling=Sampling(temperature=0.8, top_p=0.9, seed=3))
+    want = translate_sentences(loaded, SENTENCES, **options)
+    expected = [
+        f"{i} ||| {h.text} ||| {h.log_prob:.6f} ||| {h.log_prob:.6f}"
+        for i, hyps in enumerate(want)
+        for h in hyps
+    ]
+    assert lines == expected
+    pieces = translate_sentences(loaded, SENTENCES[:2], **options)
+    pieces += translate_sentences(loaded, SENTENCES[2:], first_index=2, **options)
+    assert [[h.text for h in hyps] for hyps in pieces] == [[h.text for h in hyps] for hyps in want]
+    texts = [h.text for hyps in want for h in hyps if hyps[0].ids]
+    assert len(set(texts)) > len(texts) // 2  # the samples differ (an untrained model: a flat distribution)
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--sample", "--beam", "4"], "--beam 4 cannot be combined with --sample"),
+        (["--sample", "--nbest", "2"], "--nbest cannot be combined with --sample"),
+        (["--sample", "--temperature", "0"], "--temperature must be a finite number > 0, got 0.0"),
+        (["--sample", "--top-p", "1.5"], "--top-p must be a number in (0, 1], got 1.5"),
+        (["--sample", "--top-k", "-1"], "--top-k must be an int >= 0, got -1"),
+        (["--top-p", "0.9"], "--top-p applies to sampling only: add --sample"),
+    ],
+)
+def test_bad_sampling_flags_are_one_line_errors(flags, message, tmp_path, capsys):
+    from attn_jax.cli import main
+
+    assert main(["translate", "--workdir", str(tmp_path / "none"), *flags]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"attn-jax translate: error: {message}") and err.count("\n") == 1, err

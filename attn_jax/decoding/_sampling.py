@@ -45,7 +45,8 @@ class Sampling(NamedTuple):
         model's distribution, above 1 it flattens it; 1 samples the model itself.
       top_k: draw only among the ``k`` most probable words (after the temperature); 0: no cut.
       top_p: draw only from the nucleus, the fewest most probable words whose probability (after the
-        temperature and the top-k cut, renormalised) sums to at least ``p``; 1: no cut.
+        temperature and the top-k cut, renormalised) sums to at least ``p``, and any word tied with the last
+        of them; 1: no cut.
       seed: the seed of the draws; the same seed gives the same translations.
 
     >>> Sampling(temperature=0.7, top_p=0.9).check().top_p
@@ -99,7 +100,8 @@ def sample_decode(
 
         q(y) ∝ exp(log P(y | y_<t, x) / T)        T: temperature
         then q is cut to the top_k most probable words, renormalised,
-        then to the nucleus: the fewest most probable words whose q sums to >= top_p, renormalised
+        then to the nucleus: the fewest most probable words whose q sums to >= top_p (with any word tied
+        with the last of them), renormalised
 
     (temperature, then top-k, then top-p, as Hugging Face's logits warpers; Holtzman et al. 2020 for the
     nucleus). ``top_k = 1``, or a temperature near 0, is greedy decoding. ``pad_id`` and ``bos_id`` are never
@@ -244,6 +246,29 @@ class _Samples(NamedTuple):
     states: tuple[Any, ...]  # one decoder state per model, rows b·N + n
 
 
+def _nucleus(logits: Float[Array, "... C"], top_p: Float[Array, ""]) -> Bool[Array, "... C"]:
+    """The nucleus of ``softmax(logits)``: the words whose probability is at least the largest threshold ``τ``
+    with ``Σ_{q ≥ τ} q ≥ top_p``, i.e. the fewest most probable words reaching ``top_p`` (all of a tie).
+
+    ``τ`` is found by bisection over the bit patterns of float32 (ordered like the non-negative floats they
+    encode): 31 masked sums find it exactly, where sorting the vocabulary every step costs several times more.
+    """
+    finite = jnp.isfinite(jnp.max(logits, axis=-1, keepdims=True))
+    probs = jax.nn.softmax(jnp.where(finite, logits, 0.0), axis=-1)  # a row with no word left stays NaN-free
+    bits = jax.lax.bitcast_convert_type(probs, jnp.int32)
+    lo = jnp.zeros(bits.shape[:-1], jnp.int32)  # Σ_{q ≥ lo} q ≥ top_p (all words)
+    hi = jnp.max(bits, axis=-1) + 1  # Σ_{q ≥ hi} q = 0 < top_p
+
+    def halve(_, bounds):
+        lo, hi = bounds
+        mid = lo + (hi - lo) // 2
+        enough = jnp.sum(jnp.where(bits >= mid[..., None], probs, 0.0), axis=-1) >= top_p
+        return jnp.where(enough, mid, lo), jnp.where(enough, hi, mid)
+
+    lo, _ = jax.lax.fori_loop(0, 31, halve, (lo, hi))
+    return bits >= lo[..., None]  # the most probable word always stays: lo < hi <= its bits + 1
+
+
 def _draw(
     keys: Array,
     logp: Float[Array, "B N V"],
@@ -253,18 +278,14 @@ def _draw(
     nucleus: bool,
 ) -> Int[Array, "B N"]:
     """One word per sample from ``logp`` reshaped by the temperature, the top-k cut and the nucleus cut."""
-    vocab = logp.shape[-1]
     logits = logp / temperature
-    k = vocab if (nucleus and not 0 < top_k < vocab) else top_k
-    if 0 < k < vocab or nucleus:
-        # Candidates sorted by probability, most probable first; the draw picks among them.
-        logits, words = jax.lax.top_k(logits, k)  # [B, N, C]
+    words = None
+    if 0 < top_k < logp.shape[-1]:
+        logits, words = jax.lax.top_k(logits, top_k)  # [B, N, k]: the draw picks among these candidates
     if nucleus:
-        probs = jax.nn.softmax(jnp.where(jnp.isfinite(logits[..., :1]), logits, 0.0), axis=-1)
-        before = jnp.cumsum(probs, axis=-1) - probs  # [B, N, C] the probability of the better candidates
-        logits = jnp.where(before < top_p, logits, _NEG_INF)  # the first candidate always stays
+        logits = jnp.where(_nucleus(logits, top_p), logits, _NEG_INF)
     draw = jax.vmap(jax.random.categorical)(keys, logits)  # [B, N]: one key per sentence
-    if 0 < k < vocab or nucleus:
+    if words is not None:
         draw = jnp.take_along_axis(words, draw[..., None], axis=-1)[..., 0]
     return draw.astype(jnp.int32)
 
