@@ -5,6 +5,7 @@
     attn-jax translate --workdir runs/X --input - --nbest 4              # Moses n-best: i ||| text ||| score
     attn-jax translate --workdir runs/X --alignment pharaoh               # text ||| 0-0 1-2 ...
     attn-jax translate --workdir runs/X --alignment json                  # one JSON object per input line
+    attn-jax translate --workdir runs/X --sample --top-p 0.9 --seed 1     # a random translation per line
 
 Input: one sentence per line (UTF-8, already tokenised as the training corpus: whitespace tokens); a blank line
 gives a blank translation (nothing is decoded), so output line ``k`` always belongs to input line ``k``. Lines
@@ -100,6 +101,8 @@ __all__ = [
     "stream_fd",
 ]
 
+_BEAM = 12  # the default beam size
+
 
 def parse_checkpoint(value: str) -> str | int:
     """``best``, ``last`` or a non-negative step number (argparse type)."""
@@ -139,7 +142,7 @@ def add_translate_parser(subparsers) -> argparse.ArgumentParser:
     )
     p.add_argument("--output", default="-", metavar="FILE", help="where to write ('-': stdout)")
     p.add_argument(
-        "--beam", type=int, default=12, metavar="K", help="beam size (default: %(default)s; 1: greedy)"
+        "--beam", type=int, default=None, metavar="K", help=f"beam size (default: {_BEAM}; 1: greedy)"
     )
     p.add_argument(
         "--alpha", type=float, default=0.6, help="GNMT length-normalisation weight α (default: %(default)s)"
@@ -149,6 +152,7 @@ def add_translate_parser(subparsers) -> argparse.ArgumentParser:
     )
     p.add_argument("--nbest", type=int, default=1, metavar="N", help="write the N best (Moses n-best format)")
     add_repetition_flags(p)
+    add_sampling_flags(p)
     p.add_argument(
         "--alignment", choices=("pharaoh", "json"), default=None, help="also write attention alignments"
     )
@@ -253,6 +257,96 @@ def add_repetition_flags(p: argparse.ArgumentParser) -> None:
         metavar="N",
         help="no </s> before N target tokens; the length limit still ends a translation (default: 0, off)",
     )
+
+
+def add_sampling_flags(p: argparse.ArgumentParser) -> None:
+    """The flags that draw translations instead of searching (``attn_jax.decoding.sample_decode``)."""
+    g = p.add_argument_group(
+        "sampling",
+        "--sample draws each translation word by word from the model (temperature, then top-k, then top-p) "
+        "instead of beam search (--alpha and --beta do not apply); the same --seed gives the same output",
+    )
+    g.add_argument(
+        "--sample", action="store_true", help="sample translations (not with --beam > 1 or --nbest)"
+    )
+    g.add_argument(
+        "--temperature",
+        type=float,
+        default=None,
+        metavar="T",
+        help="divide the log-probabilities by T > 0: below 1 sharpens, above 1 flattens (default: 1)",
+    )
+    g.add_argument(
+        "--top-k",
+        type=int,
+        default=None,
+        metavar="K",
+        help="draw among the K most probable words (default: 0, all)",
+    )
+    g.add_argument(
+        "--top-p",
+        type=float,
+        default=None,
+        metavar="P",
+        help="draw from the fewest most probable words whose probability sums to P, in (0, 1] "
+        "(default: 1, all)",
+    )
+    g.add_argument("--seed", type=int, default=None, metavar="S", help="the seed of the draws (default: 0)")
+    g.add_argument(
+        "--num-samples",
+        type=int,
+        default=None,
+        metavar="N",
+        help="N samples per input line, written as an n-best list, most probable first (default: 1)",
+    )
+
+
+def resolve_sampling_flags(args: argparse.Namespace) -> str | None:
+    """Check the sampling flags: a one-line problem naming the flag, or None.
+
+    Without ``--sample`` the sampling flags are refused and ``--beam`` defaults to 12. With it, ``--beam``
+    (at most 1) and ``--nbest`` (not given) become ``--num-samples``: the hypotheses per line written.
+    """
+    flags = ("--temperature", "--top-k", "--top-p", "--seed", "--num-samples")
+    given = [f for f in flags if getattr(args, f[2:].replace("-", "_")) is not None]
+    if not args.sample:
+        if given:
+            return f"{given[0]} applies to sampling only: add --sample"
+        args.beam = _BEAM if args.beam is None else args.beam
+        return None
+    if args.beam is not None and args.beam != 1:
+        return f"--beam {args.beam} cannot be combined with --sample (sampling draws, it does not search)"
+    if args.nbest != 1:
+        return "--nbest cannot be combined with --sample: use --num-samples N"
+    checks = (
+        ("--temperature", args.temperature, lambda v: math.isfinite(v) and v > 0, "a finite number > 0"),
+        ("--top-k", args.top_k, lambda v: v >= 0, "an int >= 0"),
+        ("--top-p", args.top_p, lambda v: 0 < v <= 1, "a number in (0, 1]"),
+        ("--seed", args.seed, lambda v: v >= 0, "an int >= 0"),
+        ("--num-samples", args.num_samples, lambda v: v >= 1, "an int >= 1"),
+    )
+    for flag, value, ok, rule in checks:
+        if value is not None and not ok(value):
+            return f"{flag} must be {rule}, got {value}"
+    args.beam = args.nbest = args.num_samples or 1
+    return None
+
+
+def _sampling_options(args: argparse.Namespace) -> dict[str, Any]:
+    """``translate_sentences``' ``sampling`` keyword from the flags (empty without ``--sample``)."""
+    if not args.sample:
+        return {}
+    from attn_jax.decoding import Sampling
+
+    defaults = Sampling()
+    return {
+        "sampling": Sampling(
+            temperature=defaults.temperature if args.temperature is None else args.temperature,
+            top_k=defaults.top_k if args.top_k is None else args.top_k,
+            top_p=defaults.top_p if args.top_p is None else args.top_p,
+            seed=defaults.seed if args.seed is None else args.seed,
+        )
+    }
 
 
 def _error(message: str, status: int = 1) -> int:
@@ -433,6 +527,9 @@ def format_translations(
 
 def run_translate(args: argparse.Namespace) -> int:
     """Run ``attn-jax translate`` with parsed arguments; returns the exit status."""
+    problem = resolve_sampling_flags(args)
+    if problem:
+        return _error(problem, 2)
     if args.beam < 1:
         return _error(f"--beam must be >= 1, got {args.beam}", 2)
     if not 1 <= args.nbest <= args.beam:
@@ -477,6 +574,7 @@ def run_translate(args: argparse.Namespace) -> int:
         no_repeat_ngram=args.no_repeat_ngram,
         min_length=args.min_length,
     )
+    options.update(_sampling_options(args))
     if fd is not None:
         return _translate_stream(args, loaded, rule, options, LineStream(fd))
     bar = _progress_line(args.progress)
@@ -547,7 +645,7 @@ def _translate_stream(
     report, done = None, 0
     try:
         for batch in source.batches(args.batch_size):
-            results = translate_sentences(loaded, batch, **options)
+            results = translate_sentences(loaded, batch, **options, first_index=done)
             report = merge_length_limit_reports(report, length_limit_report(loaded, batch, results, rule))
             out.write(_format(batch, results, done, args))
             out.flush()

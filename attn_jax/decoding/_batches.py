@@ -13,6 +13,7 @@ import numpy as np
 
 from attn_jax.decoding._beam import beam_search
 from attn_jax.decoding._limits import LengthLimit
+from attn_jax.decoding._sampling import Sampling, sample_decode
 
 __all__ = ["SearchBatch", "length_batches", "model_length_cap", "pad_rows", "padded_width", "search_batches"]
 
@@ -93,8 +94,10 @@ def search_batches(
     sources_ext: Sequence[Sequence[int]] | None = None,
     no_repeat_ngram: int = 0,
     min_length: int = 0,
+    sampling: Sampling | None = None,
+    ids: Sequence[int] | None = None,
 ) -> Iterator[SearchBatch]:
-    """Beam-search ``sources`` (token ids without ``</s>``, none empty) in length-sorted, padded batches.
+    """Beam-search (or sample) ``sources`` (token ids without ``</s>``, none empty) in length-sorted, padded batches.
 
     Sentences are grouped by :func:`length_batches` and padded by :func:`pad_rows`, each source ending in
     ``</s>`` as in training. A sentence of ``n`` tokens may produce ``limit.tokens(n)`` tokens and then
@@ -112,6 +115,10 @@ def search_batches(
       bos_id, eos_id, pad_id: the target vocabulary's.
       sources_ext: for a model that copies source words, each source in the extended target vocabulary.
       no_repeat_ngram, min_length: repetition control, as :func:`beam_search`'s (0: off).
+      sampling: draw ``num_return`` translations per sentence with :func:`sample_decode` instead of beam
+        search (``beam_size``, ``alpha`` and ``beta`` then do not apply); None: beam search.
+      ids: with ``sampling``, the number each sentence draws its words by (default: its index in
+        ``sources``), so a sentence draws the same words whatever batch it lands in.
 
     Yields:
       One :class:`SearchBatch` per batch, in the order decoded (shortest sentences first).
@@ -133,7 +140,8 @@ def search_batches(
             extra["src_ext"] = pad_rows(ext, width, rows, eos_id, pad_id)[0]
         if cap:
             width_limit, limits = min(width_limit, cap), [min(n, cap) for n in limits]
-        out = beam_search(
+        search = beam_search if sampling is None else _sampler(sampling, members, rows, ids)
+        out = search(
             model,
             src,
             mask,
@@ -152,3 +160,29 @@ def search_batches(
         )
         result = type(out)(*(None if x is None else np.asarray(x) for x in out))
         yield SearchBatch(members, limits, result)
+
+
+def _sampler(sampling: Sampling, members: list[int], rows: int, ids: Sequence[int] | None):
+    """:func:`sample_decode` for one batch, called like :func:`beam_search`: ``num_return`` samples per
+    sentence, each row drawing by its sentence's id (padding rows repeat the first)."""
+    import jax
+
+    sampling.check()
+    row_ids = [members[r] if ids is None else ids[members[r]] for r in range(len(members))]
+    row_ids += [row_ids[0]] * (rows - len(members))
+
+    def search(model, src, mask, *, beam_size, num_return, length_penalty_alpha, coverage_penalty_beta, **kw):
+        return sample_decode(
+            model,
+            src,
+            mask,
+            jax.random.key(sampling.seed),
+            temperature=sampling.temperature,
+            top_k=sampling.top_k,
+            top_p=sampling.top_p,
+            num_samples=num_return,
+            ids=np.asarray(row_ids, np.int64),
+            **kw,
+        )
+
+    return search

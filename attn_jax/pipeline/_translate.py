@@ -96,6 +96,8 @@ def translate_sentences(
     progress: Callable[[int, int, float], None] | None = None,
     no_repeat_ngram: int = 0,
     min_length: int = 0,
+    sampling=None,
+    first_index: int = 0,
 ) -> list[list[Translation]]:
     """Beam-search translations of ``sentences``: for each, its ``nbest`` best hypotheses, best first.
 
@@ -118,6 +120,11 @@ def translate_sentences(
         the work done (source tokens, the longer sentences come last).
       no_repeat_ngram: block any word that would repeat an n-gram of this size within a hypothesis; 0: off.
       min_length: forbid ``</s>`` before this many target tokens (the length limit still wins); 0: off.
+      sampling: an ``attn_jax.decoding.Sampling``: draw ``nbest`` translations per sentence
+        (``attn_jax.decoding.sample_decode``) instead of beam search; ``beam_size``, ``alpha`` and ``beta``
+        then do not apply, and each score is the sample's ``log_prob``. None: beam search.
+      first_index: the position of ``sentences[0]`` in the whole input. Sampling draws sentence ``i``'s words
+        by ``first_index + i``, so an input translated in pieces gets the samples it gets at once.
 
     Returns:
       ``len(sentences)`` lists of :class:`Translation`.
@@ -129,7 +136,7 @@ def translate_sentences(
         rule.check()
     except ValueError as e:
         raise TranslateError(str(e)) from None
-    if not 1 <= nbest <= beam_size:
+    if not 1 <= nbest <= beam_size and (sampling is None or nbest < 1):
         raise TranslateError(f"--nbest must be between 1 and the beam size {beam_size}, got {nbest}")
     if batch_size < 1:
         raise TranslateError(f"batch size must be >= 1, got {batch_size}")
@@ -171,6 +178,8 @@ def translate_sentences(
         sources_ext=[extended[i][0] for i in todo] if copies else None,
         no_repeat_ngram=no_repeat_ngram,
         min_length=min_length,
+        sampling=sampling,
+        ids=[first_index + i for i in todo],
     )
     while True:
         try:
