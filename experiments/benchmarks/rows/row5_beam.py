@@ -61,6 +61,8 @@ def row_beam(ctx: Ctx) -> Section:
     for n in thread_counts:
         head += [f"PyTorch {n} thread{'s' if n > 1 else ''}", f"speed-up vs {n}", "target"]
     sec.table(head, rows)
+    ctx.log(f"row 5: sampling, batch {s.beam_batch}")
+    sec.table(*_sampling_table(ctx, model, cfg.src_vocab, length, s.beam_batch))
     if tmodel is not None:
         sec.notes.append(_beam_peer_agreement(ctx, torch_peers))
     return sec
@@ -111,6 +113,54 @@ def _beam_row(ctx: Ctx, models, inputs, k: int, thread_counts: list[int]) -> lis
             verdict(ratio >= BEAM_SPEEDUP_MIN),
         ]
     return row
+
+
+def _sampling_table(
+    ctx: Ctx, model, src_vocab: int, length: int, batch: int
+) -> tuple[list[str], list[list[str]]]:
+    """Sampling's sentences/s beside greedy search on the same batch: what temperature, top-k and top-p cost."""
+    from attn_jax.decoding import Sampling, beam_search, sample_decode
+
+    jax, jnp, np = ctx.jax, ctx.jnp, ctx.np
+    rng = np.random.default_rng(5)
+    lens = rng.integers(length // 2, length + 1, batch)
+    mask = np.arange(length)[None, :] < lens[:, None]
+    src = jnp.asarray(np.where(mask, rng.integers(4, src_vocab, (batch, length)), 0), jnp.int32)
+    jmask = jnp.asarray(mask)
+    limit = dict(max_length=length, max_length_ratio=None)
+    calls = {
+        "greedy (beam 1)": lambda: jax.block_until_ready(beam_search(model, src, jmask, beam_size=1, **limit))
+    }
+    for name, opts in (
+        ("sample", Sampling()),
+        ("sample, top-k 50", Sampling(top_k=50)),
+        ("sample, top-p 0.9", Sampling(top_p=0.9)),
+    ):
+        calls[name] = lambda o=opts: jax.block_until_ready(
+            sample_decode(
+                model, src, jmask, 0, temperature=o.temperature, top_k=o.top_k, top_p=o.top_p, **limit
+            )
+        )
+    first = {}
+    for name, call in calls.items():
+        t0 = time.perf_counter()
+        call()
+        first[name] = time.perf_counter() - t0
+    t = measure_interleaved(ctx, calls)
+    greedy = t["greedy (beam 1)"].median
+    rows = [
+        [
+            name,
+            str(batch),
+            f"{batch / t[name].median:,.1f}",
+            fmt_time(t[name].median),
+            fmt_time(first[name]),
+            f"{t[name].median / greedy:.2f}",
+        ]
+        for name in calls
+    ]
+    head = ["search", "batch", "sentences/s", "time", "first call (compile)", "time / greedy"]
+    return head, rows
 
 
 def _beam_peer_agreement(ctx: Ctx, torch_peers) -> str:
