@@ -308,11 +308,13 @@ def _forcing_options(args: argparse.Namespace, lines: list[str]) -> dict[str, An
 
 def _warn_constraints(results) -> None:
     """One stderr line counting the best translations that lack lexical constraints (never silent)."""
-    lacking = [hyps[0].unmet_constraints for hyps in results if hyps and hyps[0].unmet_constraints]
+    decoded = [hyps[0] for hyps in results if hyps and hyps[0].limit is not None]
+    lacking = [h.unmet_constraints for h in decoded if h.unmet_constraints]
     if lacking:
         print(
-            f"attn-jax translate: warning: {len(lacking)} translations lack {sum(lacking)} of their constraints "
-            "(the length limit left no room for them): raise --max-length or --max-length-ratio",
+            f"attn-jax translate: warning: {len(lacking)} of {len(decoded)} translations lack {sum(lacking)} "
+            "of their constraints (the length limit left no room for them): raise --max-length or "
+            "--max-length-ratio",
             file=sys.stderr,
         )
 

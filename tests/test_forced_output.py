@@ -1,9 +1,12 @@
-"""Forced target prefixes: beam search and greedy decoding continue after a given prefix.
+"""Forced output: target prefixes (beam search and greedy decoding continue after them), and the pipeline and
+``attn-jax translate`` flags for prefixes and lexical constraints (the constrained search: test_constraints).
 
 The hand-set table model of test_decoding (next word by previous word, over {a, b}) lets an exhaustive beam
 be compared with a float64 brute force restricted to the sentences that start with the prefix; a tiny
-untrained run checks the pipeline and ``attn-jax translate --prefix``.
+untrained run checks the pipeline and ``attn-jax translate --prefix`` / ``--constraints``.
 """
+
+import json
 
 import numpy as np
 import pytest
@@ -148,3 +151,24 @@ def test_cli_prefix_file(run_dir, tmp_path, capsys):
     err = capsys.readouterr().err
     assert status == 1 and len(err.strip().splitlines()) == 1
     assert f"--prefix {prefix} has 2 lines but the input {src} has 3" in err
+
+
+def test_cli_constraints_file_and_the_count_of_those_the_limit_cut(run_dir, tmp_path, capsys):
+    loaded = load_model(run_dir)
+    w = list(loaded.tgt_vocab.tokens[4:10])
+    src, cons = tmp_path / "in.txt", tmp_path / "constraints.txt"
+    src.write_text("\n".join(SOURCES) + "\n", encoding="utf-8")
+    cons.write_text(f"{w[0]} {w[1]}\t{w[2]}\n\n{w[3]}\n", encoding="utf-8")
+    argv = ["translate", "--workdir", run_dir, "--input", str(src), "--beam", "3", "--constraints", str(cons)]
+    status = main([*argv, "--alignment", "json"])
+    out, err = capsys.readouterr()
+    assert status == 0 and "constraints" not in err, err
+    best = [json.loads(line)["hypotheses"] for line in out.splitlines()]
+    assert best[0][0]["unmet_constraints"] == 0
+    tokens = best[0][0]["tokens"]
+    assert any(tokens[i : i + 2] == w[:2] for i in range(len(tokens))) and w[2] in tokens
+    # One word of room: `w0 w1` cannot fit beside `w2`, and stderr counts what is missing.
+    status = main([*argv, "--max-length", "1"])
+    err = capsys.readouterr().err
+    assert status == 0
+    assert "warning: 1 of 2 translations lack" in err and "of their constraints" in err
