@@ -47,6 +47,10 @@ Length limit: ``--max-length``, ``--max-length-ratio`` and ``--max-length-offset
 in ``attn-jax evaluate``. The rule and its defaults are :class:`attn_jax.decoding.LengthLimit`'s; the user
 guide's decoding page (``docs/decoding.md``) explains the flags and the warning for a cut translation.
 
+Forced output: ``--prefix FILE`` gives each input line a target prefix that its translation starts with, and
+``--constraints FILE`` phrases (separated by tabs) that its translation must contain; each file has one line
+per input line, and the input is then read whole. The user guide's decoding page explains both.
+
 Unknown words: the shortlist vocabularies map rare words to ``<unk>``, and the model may produce ``<unk>``. By
 default it is passed through as the literal token ``<unk>`` (the paper's setting; BLEU counts it as a wrong
 word). ``--replace-unk`` replaces each produced ``<unk>`` by the source word that received the most attention

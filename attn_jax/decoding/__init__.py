@@ -3,6 +3,8 @@
 * :func:`beam_search` — batched, jit-compiled beam search with GNMT's length normalisation and coverage
   penalty, n-best lists, ensembles, and the attention matrix of every returned hypothesis.
 * :func:`greedy_decode` — beam search with one hypothesis and no penalties (the argmax loop).
+* Forced output, in both: a target prefix per sentence (``prefix``), and lexical constraints (``constraints``)
+  met by dynamic beam allocation (Post & Vilar 2018), each hypothesis counting those it lacks.
 * :func:`search_batches` — many sentences at once: length-sorted batches at a few padded widths (few compiled
   shapes), each sentence with its own length limit; ``translate``, ``evaluate`` and validation use it.
 * :class:`LengthLimit` — how long a translation may grow: the one rule ``attn-jax translate`` and ``evaluate``
