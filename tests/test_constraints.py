@@ -5,6 +5,7 @@ compared with a float64 brute force over every sentence of at most 4 tokens, res
 each constraint; a small random RNNsearch checks that constraints appear whenever the length limit allows.
 """
 
+import jax
 import numpy as np
 import pytest
 
@@ -74,11 +75,16 @@ def test_exhaustive_constrained_search_equals_brute_force_over_sentences_with_th
 
 def test_a_narrow_beam_finds_what_plain_beam_search_never_holds():
     model = TableModel(TRAP)
-    src, mask = table_source(batch=1)
+    src, mask = table_source(batch=2)
     kw = dict(beam_size=2, num_return=2, max_length=5, max_length_ratio=None, length_penalty_alpha=0.0)
     plain = beam_search(model, src, mask, **kw)
     assert not any(contains(words_of(plain, 0, n), [B_, B_]) for n in range(2))
-    out = beam_search(model, src, mask, constraints=[[[B_, B_]]], **kw)
+    out = beam_search(model, src, mask, constraints=[[[B_, B_]], []], **kw)
+    # The sentence without constraints gets plain beam search's hypotheses. Two programs: float32 rounding
+    # over 5 steps of V = 5 words.
+    np.testing.assert_array_equal(out.tokens[1], plain.tokens[1])
+    assert_close_f32([o[1] for o in out[2:4]], [p[1] for p in plain[2:4]], reduction=5 * 5)
+    assert plain.unmet_constraints is None and out.unmet_constraints[1].tolist() == [0, 0]
     best = max(
         (h for h in brute_force([TRAP], [TRAP_ATTENTION], 5, 0.0, 0.0, 100) if contains(h[2], [B_, B_])),
         key=lambda h: h[0],
@@ -110,26 +116,15 @@ def test_constraints_the_limit_has_no_room_for_are_reported_and_ranked_last():
             assert int(out.unmet_constraints[b, n]) == lacking
 
 
-def test_a_sentence_without_constraints_gets_plain_beam_search():
-    model = TableModel(TRAP, TRAP_ATTENTION)
-    src, mask = table_source(batch=2)
-    kw = dict(beam_size=3, num_return=3, max_length=5, max_length_ratio=None, coverage_penalty_beta=BETA)
-    plain = beam_search(model, src, mask, **kw)
-    mixed = beam_search(model, src, mask, constraints=[[], [[B_, B_]]], **kw)
-    np.testing.assert_array_equal(mixed.tokens[0], plain.tokens[0])
-    # Two programs: float32 rounding over 5 steps of V = 5 words and S = 3 source words.
-    assert_close_f32([m[0] for m in mixed[2:5]], [p[0] for p in plain[2:5]], reduction=5 * (5 + 3))
-    assert plain.unmet_constraints is None
-
-
 def test_kmp_progress_handles_repeats_and_shared_first_words():
     # `a a b` holds `a b`; `a c a b` holds `a b` and `a c` (they share a first word).
     cons = _constrained.pack_constraints([[[3, 4]], [[3, 4], [3, 5]], [[3, 3, 4]]], 3, 1, 2, 0)
     texts = [[3, 3, 4], [3, 5, 3, 4], [3, 3, 3, 4]]
     progress = np.zeros((3, 1, cons.lengths.shape[1]), np.int32)
+    advance = jax.jit(_constrained.advance)
     for t in range(4):
         words = np.asarray([[txt[t] if t < len(txt) else 0] for txt in texts], np.int32)
-        progress = np.asarray(_constrained.advance(progress, words, cons))
+        progress = advance(progress, words, cons)
     assert np.asarray(_constrained.unmet(progress, cons)).ravel().tolist() == [0, 0, 0]
 
 

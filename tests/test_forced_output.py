@@ -69,29 +69,30 @@ def test_exhaustive_beam_with_prefix_equals_brute_force_over_sentences_with_that
         assert all(out.tokens[r, n, : len(p)].tolist() == p for n in range(len(want)))
 
 
+# The shapes and static options of the next two tests' searches are the same: they compile three searches.
+SMALL = dict(beam_size=3, num_return=2, max_length=5, max_length_ratio=None)
+
+
 def test_whole_reference_as_prefix_gives_the_reference_then_eos():
-    model = TableModel(TRAP)
-    src, mask = table_source(batch=2)
+    model = TableModel(TRAP, TRAP_ATTENTION)
+    src, mask = table_source(batch=3)
     # Greedy alone says a a a a </s>; `a a b` is the reference, and </s> (0.9) is the best word after `b`.
     reference = [A, A, B_]
-    prefix, lengths = prefix_array([reference, [B_, A]])
-    for search in (greedy_decode, beam_search):
-        out = search(
-            model, src, mask, max_length=5, max_length_ratio=None, prefix=prefix, prefix_lengths=lengths
-        )
+    prefix, lengths = prefix_array([reference, [B_, A], []])
+    forced = dict(max_length=5, max_length_ratio=None, prefix=prefix, prefix_lengths=lengths)
+    greedy = greedy_decode(model, src, mask, **forced)
+    beam = beam_search(model, src, mask, **{**SMALL, **forced}, coverage_penalty_beta=0.0)
+    for out in (greedy, beam):
         assert out.tokens[0, 0].tolist() == [*reference, EOS, 0]
         np.testing.assert_allclose(out.log_probs[0, 0], np.log(0.6 * 0.36 * 0.34 * 0.9), rtol=1e-6)
     # After `b a` greedy takes `a` (0.36 > 0.34 > 0.30) until the limit forces </s>, flagged as cut.
-    out = greedy_decode(
-        model, src, mask, max_length=5, max_length_ratio=None, prefix=prefix, prefix_lengths=lengths
-    )
-    assert out.tokens[1, 0].tolist() == [B_, A, A, A, EOS] and bool(out.truncated[1, 0])
+    assert greedy.tokens[1, 0].tolist() == [B_, A, A, A, EOS] and bool(greedy.truncated[1, 0])
 
 
 def test_empty_prefixes_change_nothing_and_bad_prefixes_are_refused():
     model = TableModel(TRAP, TRAP_ATTENTION)
     src, mask = table_source(batch=3)
-    kw = dict(beam_size=3, num_return=2, max_length=5, max_length_ratio=None, coverage_penalty_beta=BETA)
+    kw = dict(SMALL, coverage_penalty_beta=BETA)
     plain = beam_search(model, src, mask, **kw)
     empty = beam_search(model, src, mask, prefix=np.zeros((3, 2), np.int32), prefix_lengths=[0, 0, 0], **kw)
     np.testing.assert_array_equal(empty.tokens, plain.tokens)
@@ -122,7 +123,7 @@ def test_translations_start_with_their_prefix_and_a_long_prefix_is_kept_whole(ru
     # The first sentence's limit is max(T, 2·4 + 10) tokens; its prefix is longer: the limit grows to hold it.
     long = " ".join(words[i % len(words)] for i in range(40))
     prefixes = [long, f"{words[3]} {words[7]}", ""]
-    got = translate_sentences(loaded, SOURCES, beam_size=3, nbest=2, batch_size=4, prefixes=prefixes)
+    got = translate_sentences(loaded, SOURCES, beam_size=2, nbest=2, prefixes=prefixes)
     for hyps, prefix in zip(got[:2], prefixes, strict=False):
         assert hyps and all(h.tokens[: len(prefix.split())] == prefix.split() for h in hyps)
     assert got[0][0].limit >= 40 and len(got[0][0].tokens) >= 40
@@ -138,14 +139,15 @@ def test_cli_prefix_file(run_dir, tmp_path, capsys):
     words = list(loaded.tgt_vocab.tokens[4:10])
     src, prefix = tmp_path / "in.txt", tmp_path / "prefix.txt"
     src.write_text("\n".join(SOURCES) + "\n", encoding="utf-8")
-    prefix.write_text(f"{words[0]} {words[1]}\n\n{words[2]}\n", encoding="utf-8")
-    status = main(
-        ["translate", "--workdir", run_dir, "--input", str(src), "--beam", "2", "--prefix", str(prefix)]
-    )
+    prefix.write_text(f"{words[0]} {words[1]}\n{words[2]}\n\n", encoding="utf-8")
+    argv = ["translate", "--workdir", run_dir, "--input", str(src), "--beam", "2", "--nbest", "2"]
+    status = main([*argv, "--prefix", str(prefix)])
     out, err = capsys.readouterr()
     assert status == 0, err
-    lines = out.splitlines()
-    assert len(lines) == 3 and lines[0].split()[:2] == words[:2] and lines[2] == ""
+    texts = [line.split(" ||| ")[:2] for line in out.splitlines()]
+    assert [i for i, _ in texts[:4]] == ["0", "0", "1", "1"]
+    assert all(t.split()[:2] == words[:2] for _, t in texts[:2])
+    assert all(t.split()[:1] == [words[2]] for _, t in texts[2:4])
     prefix.write_text("a\nb\n", encoding="utf-8")
     status = main(["translate", "--workdir", run_dir, "--input", str(src), "--prefix", str(prefix)])
     err = capsys.readouterr().err
@@ -158,17 +160,13 @@ def test_cli_constraints_file_and_the_count_of_those_the_limit_cut(run_dir, tmp_
     w = list(loaded.tgt_vocab.tokens[4:10])
     src, cons = tmp_path / "in.txt", tmp_path / "constraints.txt"
     src.write_text("\n".join(SOURCES) + "\n", encoding="utf-8")
-    cons.write_text(f"{w[0]} {w[1]}\t{w[2]}\n\n{w[3]}\n", encoding="utf-8")
-    argv = ["translate", "--workdir", run_dir, "--input", str(src), "--beam", "3", "--constraints", str(cons)]
-    status = main([*argv, "--alignment", "json"])
+    # Two words of room: line 1's phrase fits, line 2's three words do not.
+    cons.write_text(f"{w[0]} {w[1]}\n{w[2]}\t{w[3]} {w[4]}\n\n", encoding="utf-8")
+    argv = ["translate", "--workdir", run_dir, "--input", str(src), "--beam", "2", "--max-length", "2"]
+    status = main([*argv, "--constraints", str(cons), "--alignment", "json"])
     out, err = capsys.readouterr()
-    assert status == 0 and "constraints" not in err, err
-    best = [json.loads(line)["hypotheses"] for line in out.splitlines()]
-    assert best[0][0]["unmet_constraints"] == 0
-    tokens = best[0][0]["tokens"]
-    assert any(tokens[i : i + 2] == w[:2] for i in range(len(tokens))) and w[2] in tokens
-    # One word of room: `w0 w1` cannot fit beside `w2`, and stderr counts what is missing.
-    status = main([*argv, "--max-length", "1"])
-    err = capsys.readouterr().err
-    assert status == 0
+    assert status == 0, err
+    best = [json.loads(line)["hypotheses"][0] for line in out.splitlines()[:2]]
+    assert best[0]["tokens"] == w[:2] and best[0]["unmet_constraints"] == 0
+    assert best[1]["unmet_constraints"] >= 1
     assert "warning: 1 of 2 translations lack" in err and "of their constraints" in err
