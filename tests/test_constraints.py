@@ -167,3 +167,23 @@ def test_bad_constraints_are_refused():
         beam_search(model, src, mask, constraints=[[], [[]]], **kw)
     with pytest.raises(ValueError, match="constraint 1 of sentence 0 holds 2"):
         beam_search(model, src, mask, constraints=[[[A], [EOS]], []], **kw)
+
+
+def test_a_prefix_counts_toward_the_constraints():
+    model = TableModel(TRAP)
+    src, mask = table_source(batch=2)
+    # With 2 words of room, `a b` fits only by using the prefix's `a`; the second sentence's prefix `b` leaves
+    # no room for `a b`, so its translation lacks it and says so.
+    out = beam_search(
+        model,
+        src,
+        mask,
+        beam_size=2,
+        max_length=3,
+        max_length_ratio=None,
+        prefix=np.asarray([[A], [B_]], np.int32),
+        prefix_lengths=np.asarray([1, 1], np.int32),
+        constraints=[[[A, B_]], [[A, B_]]],
+    )
+    assert out.tokens[0, 0].tolist() == [A, B_, EOS] and int(out.unmet_constraints[0, 0]) == 0
+    assert words_of(out, 1, 0)[0] == B_ and int(out.unmet_constraints[1, 0]) == 1
