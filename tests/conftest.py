@@ -58,7 +58,9 @@ def _xla_knows(flag: str) -> bool:
     env = {**os.environ, "XLA_FLAGS": flag, "JAX_PLATFORMS": "cpu"}
     try:
         done = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, timeout=300)
-    except subprocess.TimeoutExpired:  # a machine too busy to answer: the flag is left out, and the header says so
+    except (
+        subprocess.TimeoutExpired
+    ):  # a machine too busy to answer: the flag is left out, and the header says so
         return False
     return done.returncode == 0
 
@@ -134,7 +136,10 @@ LONGEST_FILES = (
 
 def pytest_report_header(config):
     fast = os.environ.get("ATTN_JAX_TEST_FAST_COMPILE")
-    note = {"0": f" ({FAST_COMPILE_FLAG} left out: this jax refused it, or its probe timed out)", None: " (set by the caller)"}
+    note = {
+        "0": f" ({FAST_COMPILE_FLAG} left out: this jax refused it, or its probe timed out)",
+        None: " (set by the caller)",
+    }
     return f"XLA_FLAGS: {os.environ['XLA_FLAGS']}{note.get(fast, '')}"
 
 

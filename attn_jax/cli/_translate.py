@@ -48,6 +48,10 @@ Length limit: ``--max-length``, ``--max-length-ratio`` and ``--max-length-offset
 in ``attn-jax evaluate``. The rule and its defaults are :class:`attn_jax.decoding.LengthLimit`'s; the user
 guide's decoding page (``docs/decoding.md``) explains the flags and the warning for a cut translation.
 
+Forced output: ``--prefix FILE`` gives each input line a target prefix that its translation starts with, and
+``--constraints FILE`` phrases (separated by tabs) that its translation must contain; each file has one line
+per input line, and the input is then read whole. The user guide's decoding page explains both.
+
 Unknown words: the shortlist vocabularies map rare words to ``<unk>``, and the model may produce ``<unk>``. By
 default it is passed through as the literal token ``<unk>`` (the paper's setting; BLEU counts it as a wrong
 word). ``--replace-unk`` replaces each produced ``<unk>`` by the source word that received the most attention
@@ -153,6 +157,7 @@ def add_translate_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--nbest", type=int, default=1, metavar="N", help="write the N best (Moses n-best format)")
     add_repetition_flags(p)
     add_sampling_flags(p)
+    add_forcing_flags(p)
     p.add_argument(
         "--alignment", choices=("pharaoh", "json"), default=None, help="also write attention alignments"
     )
@@ -349,6 +354,69 @@ def _sampling_options(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def add_forcing_flags(p: argparse.ArgumentParser) -> None:
+    """``--prefix`` and ``--constraints``: per-line target prefixes and lexical constraints (docs/decoding.md)."""
+    g = p.add_argument_group(
+        "forced output",
+        "files with one line per input line (the input is then read whole, and the line counts must match)",
+    )
+    g.add_argument(
+        "--prefix",
+        default=None,
+        metavar="FILE",
+        help="target prefixes: each translation starts with its line's prefix and goes on from there "
+        "(a blank line: no prefix)",
+    )
+    g.add_argument(
+        "--constraints",
+        default=None,
+        metavar="FILE",
+        help="lexical constraints: phrases, separated by tabs, that must appear in the line's translation "
+        "(dynamic beam allocation; a blank line: none); translations the length limit left without a "
+        "constraint are counted on stderr",
+    )
+
+
+def _forcing_options(args: argparse.Namespace, lines: list[str]) -> dict[str, Any]:
+    """``translate_sentences``' ``prefixes`` and ``constraints`` from ``--prefix``/``--constraints``, or a
+    TranslateError naming both files when a file's line count differs from the input's."""
+    options: dict[str, Any] = {}
+    for flag, key in (("--prefix", "prefixes"), ("--constraints", "constraints")):
+        path = getattr(args, flag[2:])
+        if path is None:
+            continue
+        try:
+            with open(path, "rb") as f:
+                text = f.read().decode("utf-8").removeprefix("\ufeff")
+        except (OSError, UnicodeDecodeError) as e:
+            raise TranslateError(f"{flag} {path}: cannot read: {getattr(e, 'strerror', None) or e}") from None
+        # Split on \n only; tabs separate constraints, so lines are not stripped of them here.
+        rows = text[:-1].split("\n") if text.endswith("\n") else text.split("\n") if text else []
+        if len(rows) != len(lines):
+            source = "stdin" if args.input == "-" else args.input
+            raise TranslateError(
+                f"{flag} {path} has {len(rows)} lines but the input {source} has {len(lines)}: one per input line"
+            )
+        if key == "prefixes":
+            options[key] = [row.strip() for row in rows]
+        else:
+            options[key] = [[c.strip() for c in row.rstrip("\r").split("\t") if c.strip()] for row in rows]
+    return options
+
+
+def _warn_constraints(results) -> None:
+    """One stderr line counting the best translations that lack lexical constraints (never silent)."""
+    decoded = [hyps[0] for hyps in results if hyps and hyps[0].limit is not None]
+    lacking = [h.unmet_constraints for h in decoded if h.unmet_constraints]
+    if lacking:
+        print(
+            f"attn-jax translate: warning: {len(lacking)} of {len(decoded)} translations lack {sum(lacking)} "
+            "of their constraints (the length limit left no room for them): raise --max-length or "
+            "--max-length-ratio",
+            file=sys.stderr,
+        )
+
+
 def _error(message: str, status: int = 1) -> int:
     print(f"attn-jax translate: error: {' '.join(str(message).split())}", file=sys.stderr)
     return status
@@ -506,6 +574,7 @@ def format_translations(
                     "attention": None if h.attention is None else np.round(h.attention, 6).tolist(),
                     "limit": h.limit,
                     "stopped_at_limit": h.truncated,
+                    "unmet_constraints": h.unmet_constraints,
                 }
                 for h in hyps
             ],
@@ -530,6 +599,9 @@ def run_translate(args: argparse.Namespace) -> int:
     problem = resolve_sampling_flags(args)
     if problem:
         return _error(problem, 2)
+    if args.sample and (args.prefix is not None or args.constraints is not None):
+        flag = "--prefix" if args.prefix is not None else "--constraints"
+        return _error(f"{flag} cannot be combined with --sample (forced output is a beam-search option)", 2)
     if args.beam < 1:
         return _error(f"--beam must be >= 1, got {args.beam}", 2)
     if not 1 <= args.nbest <= args.beam:
@@ -558,9 +630,12 @@ def run_translate(args: argparse.Namespace) -> int:
             max_length_offset=args.max_length_offset,
         )
         if lines is None:
-            fd = stream_fd(sys.stdin)
+            # Prefix and constraint lines pair with the input's, so the input is read whole.
+            whole = args.prefix is not None or args.constraints is not None
+            fd = None if whole else stream_fd(sys.stdin)
             if fd is None:
                 lines = _read_lines("-")
+        forcing = {} if lines is None else _forcing_options(args, lines)
     except TranslateError as e:
         return _error(e)
     options = dict(
@@ -583,13 +658,14 @@ def run_translate(args: argparse.Namespace) -> int:
         if bar is not None:
             progress = decode_progress(bar)
             progress(0, sum(bool(s) for s in lines), 0.0)
-        results = translate_sentences(loaded, lines, progress=progress, **options)
+        results = translate_sentences(loaded, lines, progress=progress, **options, **forcing)
     except TranslateError as e:
         return _error(e)
     finally:
         if bar is not None:
             bar.close()
     _warn_length_limit(length_limit_report(loaded, lines, results, rule))
+    _warn_constraints(results)
     text = _format(lines, results, 0, args)
     if args.output == "-":
         sys.stdout.write(text)

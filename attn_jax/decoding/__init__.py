@@ -5,6 +5,8 @@
 * :func:`greedy_decode` — beam search with one hypothesis and no penalties (the argmax loop).
 * :func:`sample_decode` — batched, jit-compiled sampling with temperature, top-k and top-p (:class:`Sampling`),
   each sentence drawing independently from a seed; length limits as in beam search.
+* Forced output, in both: a target prefix per sentence (``prefix``), and lexical constraints (``constraints``)
+  met by dynamic beam allocation (Post & Vilar 2018), each hypothesis counting those it lacks.
 * :func:`search_batches` — many sentences at once: length-sorted batches at a few padded widths (few compiled
   shapes), each sentence with its own length limit; ``translate``, ``evaluate`` and validation use it.
 * :class:`LengthLimit` — how long a translation may grow: the one rule ``attn-jax translate`` and ``evaluate``

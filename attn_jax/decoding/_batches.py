@@ -55,6 +55,22 @@ def pad_rows(rows: list[list[int]], width: int, num_rows: int, eos_id: int, pad_
     return ids, mask
 
 
+def _prefix_rows(prefixes, members: list[int], rows: int, pad_id: int, cap: int | None) -> dict[str, Any]:
+    """``beam_search``'s ``prefix`` and ``prefix_lengths`` for a batch, padding rows repeating the first."""
+    chosen = [list(prefixes[i]) for i in members]
+    chosen += [chosen[0]] * (rows - len(members))
+    for i, p in zip(members, chosen, strict=False):
+        if cap and len(p) + 1 > cap:
+            raise ValueError(
+                f"the prefix of sentence {i} has {len(p)} tokens, but the model produces at most {cap - 1} "
+                "tokens before </s>"
+            )
+    ids = np.full((rows, max(1, max(len(p) for p in chosen))), pad_id, np.int32)
+    for r, p in enumerate(chosen):
+        ids[r, : len(p)] = p
+    return {"prefix": ids, "prefix_lengths": np.asarray([len(p) for p in chosen], np.int32)}
+
+
 def model_length_cap(model) -> int | None:
     """The most target tokens (with ``</s>``) a model can produce: a Transformer's decoder cache holds
     ``model.config.max_length`` positions; None for a model without such a bound (the RNNs)."""
@@ -96,6 +112,8 @@ def search_batches(
     min_length: int = 0,
     sampling: Sampling | None = None,
     ids: Sequence[int] | None = None,
+    prefixes: Sequence[Sequence[int]] | None = None,
+    constraints: Sequence[Sequence[Sequence[int]]] | None = None,
 ) -> Iterator[SearchBatch]:
     """Beam-search (or sample) ``sources`` (token ids without ``</s>``, none empty) in length-sorted, padded batches.
 
@@ -119,13 +137,21 @@ def search_batches(
         search (``beam_size``, ``alpha`` and ``beta`` then do not apply); None: beam search.
       ids: with ``sampling``, the number each sentence draws its words by (default: its index in
         ``sources``), so a sentence draws the same words whatever batch it lands in.
+      prefixes: per sentence, target token ids every hypothesis must start with (empty: none); see
+        :func:`beam_search`'s ``prefix``. A prefix longer than its sentence's limit raises that limit to the
+        prefix length, so the translation may still end after it.
+      constraints: per sentence, token-id sequences that must appear (:func:`beam_search`'s
+        ``constraints``); the results then count what each hypothesis lacks (``unmet_constraints``).
 
     Yields:
       One :class:`SearchBatch` per batch, in the order decoded (shortest sentences first).
 
     Raises:
-      ValueError: from :func:`beam_search` (e.g. ``beta > 0`` for a model without attention).
+      ValueError: from :func:`beam_search` (e.g. ``beta > 0`` for a model without attention), or for a
+        prefix longer than the model can produce.
     """
+    if sampling is not None and (prefixes is not None or constraints is not None):
+        raise ValueError("sampling takes no prefixes or constraints: forced output is a beam-search option")
     cap = model_length_cap(model)
     lengths = [len(s) + 1 for s in sources]
     for members, width, rows in length_batches(lengths, batch_size):
@@ -138,6 +164,14 @@ def search_batches(
         if sources_ext is not None:
             ext = [list(sources_ext[i]) for i in members]
             extra["src_ext"] = pad_rows(ext, width, rows, eos_id, pad_id)[0]
+        if prefixes is not None:
+            extra.update(_prefix_rows(prefixes, members, rows, pad_id, cap))
+            limits = [max(n, int(p) + 1) for n, p in zip(limits, extra["prefix_lengths"], strict=True)]
+            if max(limits) > width_limit:
+                width_limit = padded_width(max(limits))
+        if constraints is not None:
+            extra["constraints"] = [constraints[i] for i in members]
+            extra["constraints"] += [extra["constraints"][0]] * (rows - len(members))
         if cap:
             width_limit, limits = min(width_limit, cap), [min(n, cap) for n in limits]
         search = beam_search if sampling is None else _sampler(sampling, members, rows, ids)
