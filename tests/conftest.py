@@ -58,10 +58,8 @@ def _xla_knows(flag: str) -> bool:
     env = {**os.environ, "XLA_FLAGS": flag, "JAX_PLATFORMS": "cpu"}
     try:
         done = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, timeout=300)
-    except (
-        subprocess.TimeoutExpired
-    ):  # a machine too busy to answer: the flag is left out, and the header says so
-        return False
+    except subprocess.TimeoutExpired:
+        return False  # a machine too busy to answer: the flag is left out, and the header says so
     return done.returncode == 0
 
 
