@@ -7,11 +7,12 @@ host callback, a custom call without JAX's export-compatibility guarantee, or a 
 Each of those raises, and the test fails.
 
 Covered: ``dot_product_attention`` with ``implementation="xla"`` and ``"chunked"`` (padding as lengths, a mask,
-causal, grouped-query heads, a sliding window, bfloat16), the cuDNN path with sequence lengths (CUDA only: see
-its test), additive attention fused and plain; the train step and the validation (eval) step of RNNenc,
-RNNsearch, GNMT and the Transformer, unsharded and sharded on the 8 fake CPU devices (tests/conftest.py) with the
-``data`` and ``data+tensor`` rules and GNMT's ``data+pipeline`` layer pipeline; beam search and greedy decoding
-of every architecture. Forward and backward passes, at tiny sizes: the test compiles nothing.
+causal, grouped-query heads, a sliding window, bfloat16) and the default, the cuDNN path with sequence lengths
+(CUDA only: see its test), additive attention fused and plain; the train step and the validation (eval) step of
+RNNenc, RNNsearch, GNMT and the Transformer on one device; a sharded train step of each on the 8 fake CPU
+devices (tests/conftest.py), which together cover the ``data`` and ``data+tensor`` rules and GNMT's
+``data+pipeline`` layer pipeline; beam search of each, greedy decoding once. Forward and backward passes, at
+tiny sizes; nothing is compiled. The list, for users: docs/performance.md, "Lowered for GPU and TPU in the tests".
 """
 
 import functools
@@ -38,7 +39,7 @@ from attn_jax.train._sharded import abstract_sharded_state, make_sharded_train_s
 
 PLATFORMS = ("cuda", "tpu")
 
-# Odd, distinct sizes: B=3 sentences (8 in the sharded steps, to split over data=8), H=4 heads, T=5, S=7, K=8.
+# Odd, distinct sizes: B=3 sentences (8 in the train steps, to split over data=8), H=4 heads, T=5, S=7, K=8.
 B, H, T, S, K = 3, 4, 5, 7, 8
 
 
@@ -93,6 +94,23 @@ def test_dot_product_attention_lowers(case):
     kv_heads = options.get("num_kv_heads", H)
     fn = _value_and_grads(lambda q, k, v: dot_product_attention(q, k, v, mask, **options))
     _export(fn, _sds((B, H, T, K), dtype), _sds((B, kv_heads, S, K), dtype), _sds((B, kv_heads, S, K), dtype))
+
+
+def test_chunked_kernel_loops_over_the_batch_on_the_cpu_only():
+    # The blocked kernel's (batch, head) axes are a lax.map on the CPU (cache-sized blocks) and vmapped on
+    # accelerators. The choice belongs to the platform the program is lowered for, not to the machine that
+    # traces it: exported here for CUDA or TPU it must not keep the CPU's extra loop.
+    fn = _value_and_grads(
+        lambda q, k, v: dot_product_attention(q, k, v, implementation="chunked", causal=True)
+    )
+
+    def loops(platform, *batch):  # while loops in the program: the block loops, and the batch loops if any
+        args = (_sds((*batch, T, K)), _sds((*batch, S, K)), _sds((*batch, S, K)))
+        return _export(fn, *args, platforms=(platform,)).mlir_module().count("stablehlo.while")
+
+    single = loops("cpu")  # one [T, K] query: no batch axis to loop over
+    assert loops("cuda", B, H) == loops("tpu", B, H) == single
+    assert loops("cpu", B, H) > single
 
 
 @pytest.mark.parametrize("fused", [True, False], ids=["fused", "plain"])
