@@ -108,6 +108,7 @@ LONGEST_FILES = (
     "test_readme_own_corpus.py",
     "test_train_validation_bleu.py",
     "test_export.py",
+    "test_lowering.py",
     "test_train_accumulate.py",
     "test_transformer.py",
     "test_train_ema_run.py",
