@@ -2,8 +2,9 @@
 
 The public face is flat: ``import attn_jax; attn_jax.additive_attention(...)``. Pure functions live in
 ``attn_jax.attention``; Flax NNX modules in ``attn_jax.nn``. The other packages (``nn``, ``models``,
-``decoding``, ``data``, ``eval``, ``parallel``, ``train``, ``pipeline``, ``typing``) are attributes too, imported
-on first use: ``import attn_jax`` itself needs only jax (not Flax, optax, orbax, grain or TensorFlow).
+``decoding``, ``data``, ``eval``, ``exported``, ``parallel``, ``train``, ``pipeline``, ``typing``) are attributes
+too, imported on first use: ``import attn_jax`` itself needs only jax (not Flax, optax, orbax, grain or
+TensorFlow).
 ``attn_jax.tune_host_allocator()`` (also ``attn_jax.train.tune_host_allocator``) keeps XLA's CPU temp buffers in
 glibc's heap; the trainer calls it, and a script of your own calls it before its first JAX computation.
 """
@@ -17,7 +18,19 @@ __all__ = list(_attention_all) + ["HostAllocator", "tune_host_allocator"]
 
 # Imported on first attribute access (PEP 562), so that `import attn_jax` stays light.
 _SUBMODULES = frozenset(
-    ("attention", "data", "decoding", "eval", "models", "nn", "parallel", "pipeline", "train", "typing")
+    (
+        "attention",
+        "data",
+        "decoding",
+        "eval",
+        "exported",
+        "models",
+        "nn",
+        "parallel",
+        "pipeline",
+        "train",
+        "typing",
+    )
 )
 
 

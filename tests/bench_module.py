@@ -1,5 +1,6 @@
-"""experiments/benchmarks/bench.py loaded as a module (it is a script, not a package), for the tests of its pieces."""
+"""The benchmark's code (experiments/benchmarks: bench.py, harness/, rows/) imported for the tests of its pieces."""
 
+import importlib
 import importlib.util
 import os
 import sys
@@ -9,8 +10,15 @@ BENCH_DIR = os.path.join(
 )
 
 
+def import_harness(monkeypatch):
+    """The ``harness`` package beside bench.py; its directory joins ``sys.path`` for this test only."""
+    monkeypatch.syspath_prepend(BENCH_DIR)
+    return importlib.import_module("harness")
+
+
 def load_bench(monkeypatch, name: str = "bench_under_test"):
-    """A fresh ``bench`` module registered in ``sys.modules`` for this test only (its dataclasses look it up there)."""
+    """A fresh ``bench`` module (a script, not a package) registered in ``sys.modules`` for this test only."""
+    monkeypatch.syspath_prepend(BENCH_DIR)  # restored after the test, with what bench.py adds itself
     spec = importlib.util.spec_from_file_location(name, os.path.join(BENCH_DIR, "bench.py"))
     mod = importlib.util.module_from_spec(spec)
     monkeypatch.setitem(sys.modules, spec.name, mod)

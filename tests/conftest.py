@@ -56,7 +56,10 @@ def _xla_knows(flag: str) -> bool:
 
     probe = "import jax.numpy as jnp; jnp.add(jnp.zeros(2), 1).block_until_ready()"
     env = {**os.environ, "XLA_FLAGS": flag, "JAX_PLATFORMS": "cpu"}
-    done = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, timeout=120)
+    try:
+        done = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, timeout=300)
+    except subprocess.TimeoutExpired:
+        return False  # a machine too busy to answer: the flag is left out, and the header says so
     return done.returncode == 0
 
 
@@ -103,8 +106,9 @@ LONGEST_FILES = (
     "test_bench_quick.py",
     "test_experiment_bahdanau2015.py",
     "test_readme_own_corpus.py",
-    "test_transformer_base.py",
     "test_train_validation_bleu.py",
+    "test_export.py",
+    "test_lowering.py",
     "test_train_accumulate.py",
     "test_transformer.py",
     "test_train_ema_run.py",
@@ -131,7 +135,10 @@ LONGEST_FILES = (
 
 def pytest_report_header(config):
     fast = os.environ.get("ATTN_JAX_TEST_FAST_COMPILE")
-    note = {"0": f" ({FAST_COMPILE_FLAG} left out: this jax does not know it)", None: " (set by the caller)"}
+    note = {
+        "0": f" ({FAST_COMPILE_FLAG} left out: this jax refused it, or its probe timed out)",
+        None: " (set by the caller)",
+    }
     return f"XLA_FLAGS: {os.environ['XLA_FLAGS']}{note.get(fast, '')}"
 
 

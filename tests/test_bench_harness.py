@@ -1,15 +1,17 @@
-"""experiments/benchmarks/bench.py's own bookkeeping: the targets summary counts every target column, and
-measure_interleaved settles short calls before timing them (no PyTorch needed)."""
+"""The benchmark's own bookkeeping (experiments/benchmarks): the targets summary counts every target column,
+measure_interleaved settles short calls before timing them, and bench.py keeps its command line (no PyTorch needed)."""
 
 import types
 
-from tests.bench_module import load_bench
+import pytest
+
+from tests.bench_module import import_harness, load_bench
 
 
 def test_targets_summary_counts_every_target_column(monkeypatch):
-    bench = load_bench(monkeypatch)
-    sec = bench.Section("1. rows with a target per peer")
-    # Row 1's layout: a target column after each ratio; the last one alone used to be counted (2 met, 0 MISSED).
+    harness = import_harness(monkeypatch)
+    sec = harness.Section("1. rows with a target per peer")
+    # Row 1's layout: a target column after each ratio, and every one of them counts, not only the last.
     sec.table(
         ["L", "ratio a", "target ≤ 1.05", "ratio b", "target ≤ 1.2", "ratio c", "target ≤ 1.2"],
         [
@@ -22,12 +24,12 @@ def test_targets_summary_counts_every_target_column(monkeypatch):
     )
     sec.table(["program", "compilations"], [["train_step", "met"]])  # no target column: not counted
     ctx = types.SimpleNamespace(device="cpu", quick=False)
-    text = bench.device_section(ctx, [sec], [], [], 1.0)
+    text = harness.device_section(ctx, [sec], [], [], 1.0)
     assert "Targets: 5 met, 2 MISSED" in text
 
 
 def test_measure_interleaved_settles_short_calls_only(monkeypatch):
-    bench = load_bench(monkeypatch)
+    timing = import_harness(monkeypatch).timing
     counts = {"short": 0, "long": 0}
 
     def call(name):
@@ -38,11 +40,24 @@ def test_measure_interleaved_settles_short_calls_only(monkeypatch):
 
     sizes = types.SimpleNamespace(min_repeats=3, max_repeats=3, budget_s=0.0)
     ctx = types.SimpleNamespace(sizes=sizes)
-    monkeypatch.setattr(bench, "SETTLE_S", 0.002)
-    out = bench.measure_interleaved(ctx, {"short": call("short")})
+    monkeypatch.setattr(timing, "SETTLE_S", 0.002)
+    out = timing.measure_interleaved(ctx, {"short": call("short")})
     assert out["short"].calls == 3
     # 2 warm-up calls, then each of the 3 rounds: untimed calls for SETTLE_S (at least one), then the timed one
     assert counts["short"] >= 2 + 3 * 2
-    monkeypatch.setattr(bench, "SETTLE_BELOW_S", 0.0)  # every call counts as long: timed directly
-    bench.measure_interleaved(ctx, {"long": call("long")})
+    monkeypatch.setattr(timing, "SETTLE_BELOW_S", 0.0)  # every call counts as long: timed directly
+    timing.measure_interleaved(ctx, {"long": call("long")})
     assert counts["long"] == 2 + 3
+
+
+def test_bench_keeps_its_command_line_and_every_row(monkeypatch):
+    bench = load_bench(monkeypatch)
+    assert sorted(bench.ROWS) == list(range(1, 9))
+    args = bench.parse_args([])
+    assert (args.rows, args.quick, args.device) == ("1,2,3,4,5,6", False, "cpu")
+    assert args.out == bench.DEFAULT_OUT == f"{bench.HERE}/RESULTS.md"
+    args = bench.parse_args(["--quick", "--rows", "2,3", "--device", "gpu", "--out", "/tmp/R.md"])
+    assert (args.rows, args.quick, args.device, args.out) == ("2,3", True, "gpu", "/tmp/R.md")
+    # A row that does not exist is refused before JAX is imported, naming the rows there are.
+    with pytest.raises(SystemExit, match=r"unknown rows \[9\]; choose from \[1, 2, 3, 4, 5, 6, 7, 8\]"):
+        bench.main(["--rows", "1,9"])

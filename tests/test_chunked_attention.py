@@ -131,8 +131,8 @@ def test_batch_loop_and_vmap_agree(rng, monkeypatch, causal):
     grads_ref = attention_grads_ref(q, k, v, g, mask, bias, None, causal=causal)
     results = {}
     for loop in (True, False):
-        monkeypatch.setattr(chunked_module, "_loop_over_batch", lambda loop=loop: loop)
-        jax.clear_caches()  # the choice is made at trace time: retrace
+        monkeypatch.setattr(chunked_module, "_LOOP_PLATFORMS", ("cpu",) if loop else ())
+        jax.clear_caches()  # the platforms are read at trace time: retrace
         # the loop: the kernel (a custom_vjp) sits inside a scan; vmap: it is called once, batched
         outer = _outermost(jax.make_jaxpr(f)(q, k, v, mask, bias=bias).jaxpr, ("scan", "custom_vjp_call"))
         assert outer == ("scan" if loop else "custom_vjp_call"), (loop, outer)

@@ -1,5 +1,5 @@
 """experiments/benchmarks/gpu_check.py (`make gpu-check`) without a GPU: it says so, runs every section at tiny
-sizes, exits 0 and leaves RESULTS.md alone; and bench.py's writer keeps the section gpu_check.py writes."""
+sizes, exits 0 and leaves RESULTS.md alone; and the bench's writer keeps the section gpu_check.py writes."""
 
 import hashlib
 import os
@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from tests.bench_module import load_bench
+from tests.bench_module import import_harness
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HERE = os.path.join(REPO, "experiments", "benchmarks")
@@ -46,11 +46,11 @@ def test_without_a_gpu_it_says_so_checks_every_section_and_writes_nothing():
 
 
 def test_bench_rewriting_its_sections_keeps_the_gpu_check_section(tmp_path, monkeypatch):
-    bench = load_bench(monkeypatch)
+    harness = import_harness(monkeypatch)
     path = str(tmp_path / "RESULTS.md")
-    bench.write_results(path, "gpu-check", "## GPU check\n\nnumbers from the GPU")
-    bench.write_results(path, "cpu", "## CPU\n\nnew CPU numbers")
-    bench.write_results(path, "gpu-check", "## GPU check\n\nnewer numbers from the GPU")
+    harness.write_results(path, "gpu-check", "## GPU check\n\nnumbers from the GPU")
+    harness.write_results(path, "cpu", "## CPU\n\nnew CPU numbers")
+    harness.write_results(path, "gpu-check", "## GPU check\n\nnewer numbers from the GPU")
     text = open(path, encoding="utf-8").read()
     sections = {
         d: text.split(f"<!-- section:{d} -->\n")[1].split(f"\n<!-- /section:{d} -->")[0]
@@ -58,7 +58,7 @@ def test_bench_rewriting_its_sections_keeps_the_gpu_check_section(tmp_path, monk
     }
     assert sections == {
         "cpu": "## CPU\n\nnew CPU numbers",
-        "gpu": f"## GPU\n\n{bench.NO_GPU}.",
+        "gpu": f"## GPU\n\n{harness.NO_GPU}.",
         "gpu-check": "## GPU check\n\nnewer numbers from the GPU",
     }
     assert text.count("section:gpu-check") == 2  # replaced in place, never appended twice

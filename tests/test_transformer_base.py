@@ -10,6 +10,7 @@ import pathlib
 
 import jax
 import numpy as np
+import pytest
 from flax import nnx
 
 from attn_jax.data import load_vocabularies
@@ -113,9 +114,8 @@ def _expected_stop(bleus: list[tuple[int, float]], patience: int, total: int) ->
     return total
 
 
-def test_smoke_variant_trains_through_the_trainer(tmp_path):
-    """The paper's settings shrunk: joint vocabulary, token batches, accumulation, BLEU validation, early
-    stopping, then the last checkpoints averaged and translated."""
+def test_smoke_variant_keeps_the_papers_settings_shrunk():
+    """The smoke variant changes sizes only: the architecture, optimiser and validation rule are the paper's."""
     config = load_config(f"{PRESET}:smoke")
     full = load_config(str(PRESET))
     for key in ("arch", "heads", "norm", "positions", "share_embeddings", "dropout"):
@@ -125,6 +125,13 @@ def test_smoke_variant_trains_through_the_trainer(tmp_path):
     assert config.data.batch_tokens == 16 * 16  # token batches, shrunk to the sentence smoke's one shape
     assert config.validation.bleu and config.checkpoint.best_metric == "bleu" == full.checkpoint.best_metric
     assert config.early_stopping.patience == 2
+
+
+@pytest.mark.heavy  # every feature it combines has its own cheaper test; this one runs them together
+def test_smoke_variant_trains_through_the_trainer(tmp_path):
+    """The paper's settings shrunk: joint vocabulary, token batches, accumulation, BLEU validation, early
+    stopping, then the last checkpoints averaged and translated."""
+    config = load_config(f"{PRESET}:smoke")
     # validation and a checkpoint every 2 updates, so early stopping has validations to count
     total = 10
     config = apply_overrides(

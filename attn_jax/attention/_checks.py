@@ -58,7 +58,8 @@ def check_size(name: str, x, axis: int, size: int, what: str) -> None:
 def check_broadcastable(names: Sequence[str], shapes: Sequence[tuple[int, ...]]) -> tuple[int, ...]:
     """Broadcast shapes or raise naming every operand; returns the broadcast shape."""
     try:
-        return tuple(np.broadcast_shapes(*shapes))
+        # jnp's broadcast also takes symbolic dimensions (a batch exported with jax.export).
+        return tuple(jnp.broadcast_shapes(*shapes))
     except ValueError:
         pairs = ", ".join(f"{n} {shape_str(tuple(s))}" for n, s in zip(names, shapes, strict=True))
         raise ValueError(f"shapes do not broadcast: {pairs}") from None
@@ -73,7 +74,7 @@ def check_mask(mask, logits_shape: tuple[int, ...], what: str = "attention logit
             f"mask must be boolean (True = may attend), got dtype {jnp.asarray(mask).dtype}; {NOT_BOOL_HINT}"
         )
     try:
-        out = tuple(np.broadcast_shapes(np.shape(mask), tuple(logits_shape)))
+        out = tuple(jnp.broadcast_shapes(np.shape(mask), tuple(logits_shape)))
     except ValueError:
         out = None
     if out != tuple(logits_shape):

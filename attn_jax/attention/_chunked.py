@@ -260,9 +260,8 @@ _flash.defvjp(_flash_fwd, _flash_bwd)
 # --- batching and padding ------------------------------------------------------------------------------------
 
 
-def _loop_over_batch() -> bool:
-    """Whether :func:`_over_batch` loops (the CPU) rather than vmaps (accelerators)."""
-    return jax.default_backend() == "cpu"
+# The platforms on which :func:`_over_batch` loops over the batch axes (``lax.map``); all others vmap them.
+_LOOP_PLATFORMS: tuple[str, ...] = ("cpu",)
 
 
 def _over_batch(fn, batch: tuple[int, ...], *xs):
@@ -276,15 +275,26 @@ def _over_batch(fn, batch: tuple[int, ...], *xs):
     loop (``lax.map``), one batch element after another: a vmapped block step touches every head's block at
     once (32 heads × a 512 × 512 float32 block = 32 MiB, far beyond the cache), a mapped one touches one block
     (1 MiB), which keeps it in cache (timings: benchmark row 1, ``experiments/benchmarks/bench.py --rows 1``).
+
+    The choice follows the platform the program is lowered for (``lax.platform_dependent``), not the machine
+    that traces it: a program exported on a CPU for a GPU (``jax.export``) vmaps.
     """
+    loop, vmap = (functools.partial(_map_batch, looped, fn, batch) for looped in (True, False))
+    if not batch or not _LOOP_PLATFORMS:
+        return vmap(*xs)
+    return lax.platform_dependent(*xs, default=vmap, **dict.fromkeys(_LOOP_PLATFORMS, loop))
+
+
+def _map_batch(loop: bool, fn, batch: tuple[int, ...], *xs):
+    """:func:`_over_batch` as a loop (``lax.map``) over the batch axes, or vmapped."""
     if not batch:
         return fn(*xs)
     mapped = [x is not None and x.shape[0] != 1 for x in xs]
     inner = [None if x is None else (x if m else x[0]) for x, m in zip(xs, mapped, strict=True)]
-    rest = functools.partial(_over_batch, fn, batch[1:])
+    rest = functools.partial(_map_batch, loop, fn, batch[1:])
     if not any(mapped):  # a batch axis of size 1 everywhere
         return rest(*inner)[None]
-    if not _loop_over_batch():
+    if not loop:
         return jax.vmap(rest, in_axes=tuple(0 if m else None for m in mapped))(*inner)
 
     def one(sliced):  # the mapped operands' slices; the broadcast ones are closed over

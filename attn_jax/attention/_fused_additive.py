@@ -175,7 +175,9 @@ def fused_additive_scores(
         ["q_proj batch axes", "k_proj batch axes"], [jnp.shape(q_proj)[:-2], jnp.shape(k_proj)[:-2]]
     )
     t, s = jnp.shape(q_proj)[-2], jnp.shape(k_proj)[-2]
-    if block_size is None:
+    if block_size is None and t == 1:  # a decoder step, whatever the batch (symbolic under jax.export)
+        block_size = 1
+    elif block_size is None:
         widest = max(1, _BLOCK_ELEMENTS // max(1, math.prod(batch) * s * a))
         block_size = -(-t // -(-t // widest)) if t else 1  # equal blocks: the least padding
     else:

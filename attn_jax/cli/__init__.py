@@ -1,4 +1,4 @@
-"""The ``attn-jax`` command: one argparse subcommand per task (``data``, ``train``, ``translate``, ``evaluate``, ``score``, ``average``)."""
+"""The ``attn-jax`` command: one argparse subcommand per task (``data``, ``train``, ``translate``, ``evaluate``, ``score``, ``average``, ``export``)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from attn_jax._extras import missing_extra
 from attn_jax.cli._average import add_average_parser
 from attn_jax.cli._data import add_data_parser
 from attn_jax.cli._evaluate import add_evaluate_parser
+from attn_jax.cli._export import add_export_parser
 from attn_jax.cli._score import add_score_parser
 from attn_jax.cli._train import add_train_parser
 from attn_jax.cli._translate import add_translate_parser
@@ -58,6 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_evaluate_parser(subparsers)
     add_score_parser(subparsers)
     add_average_parser(subparsers)
+    add_export_parser(subparsers)
     return parser
 
 

@@ -5,6 +5,7 @@
     attn-jax translate --workdir runs/X --input - --nbest 4              # Moses n-best: i ||| text ||| score
     attn-jax translate --workdir runs/X --alignment pharaoh               # text ||| 0-0 1-2 ...
     attn-jax translate --workdir runs/X --alignment json                  # one JSON object per input line
+    attn-jax translate --workdir runs/X --sample --top-p 0.9 --seed 1     # a random translation per line
 
 Input: one sentence per line (UTF-8, already tokenised as the training corpus: whitespace tokens); a blank line
 gives a blank translation (nothing is decoded), so output line ``k`` always belongs to input line ``k``. Lines
@@ -46,6 +47,10 @@ Output formats:
 Length limit: ``--max-length``, ``--max-length-ratio`` and ``--max-length-offset`` bound each translation, as
 in ``attn-jax evaluate``. The rule and its defaults are :class:`attn_jax.decoding.LengthLimit`'s; the user
 guide's decoding page (``docs/decoding.md``) explains the flags and the warning for a cut translation.
+
+Forced output: ``--prefix FILE`` gives each input line a target prefix that its translation starts with, and
+``--constraints FILE`` phrases (separated by tabs) that its translation must contain; each file has one line
+per input line, and the input is then read whole. The user guide's decoding page explains both.
 
 Unknown words: the shortlist vocabularies map rare words to ``<unk>``, and the model may produce ``<unk>``. By
 default it is passed through as the literal token ``<unk>`` (the paper's setting; BLEU counts it as a wrong
@@ -98,6 +103,8 @@ __all__ = [
     "stream_fd",
 ]
 
+_BEAM = 12  # the default beam size
+
 
 def parse_checkpoint(value: str) -> str | int:
     """``best``, ``last`` or a non-negative step number (argparse type)."""
@@ -139,7 +146,7 @@ def add_translate_parser(subparsers) -> argparse.ArgumentParser:
     )
     p.add_argument("--output", default="-", metavar="FILE", help="where to write ('-': stdout)")
     p.add_argument(
-        "--beam", type=int, default=12, metavar="K", help="beam size (default: %(default)s; 1: greedy)"
+        "--beam", type=int, default=None, metavar="K", help=f"beam size (default: {_BEAM}; 1: greedy)"
     )
     p.add_argument(
         "--alpha", type=float, default=0.6, help="GNMT length-normalisation weight α (default: %(default)s)"
@@ -149,6 +156,8 @@ def add_translate_parser(subparsers) -> argparse.ArgumentParser:
     )
     p.add_argument("--nbest", type=int, default=1, metavar="N", help="write the N best (Moses n-best format)")
     add_repetition_flags(p)
+    add_sampling_flags(p)
+    add_forcing_flags(p)
     p.add_argument(
         "--alignment", choices=("pharaoh", "json"), default=None, help="also write attention alignments"
     )
@@ -253,6 +262,159 @@ def add_repetition_flags(p: argparse.ArgumentParser) -> None:
         metavar="N",
         help="no </s> before N target tokens; the length limit still ends a translation (default: 0, off)",
     )
+
+
+def add_sampling_flags(p: argparse.ArgumentParser) -> None:
+    """The flags that draw translations instead of searching (``attn_jax.decoding.sample_decode``)."""
+    g = p.add_argument_group(
+        "sampling",
+        "--sample draws each translation word by word from the model (temperature, then top-k, then top-p) "
+        "instead of beam search (--alpha and --beta do not apply); the same --seed gives the same output",
+    )
+    g.add_argument(
+        "--sample", action="store_true", help="sample translations (not with --beam > 1 or --nbest)"
+    )
+    g.add_argument(
+        "--temperature",
+        type=float,
+        default=None,
+        metavar="T",
+        help="divide the log-probabilities by T > 0: below 1 sharpens, above 1 flattens (default: 1)",
+    )
+    g.add_argument(
+        "--top-k",
+        type=int,
+        default=None,
+        metavar="K",
+        help="draw among the K most probable words (default: 0, all)",
+    )
+    g.add_argument(
+        "--top-p",
+        type=float,
+        default=None,
+        metavar="P",
+        help="draw from the fewest most probable words whose probability sums to P, in (0, 1] "
+        "(default: 1, all)",
+    )
+    g.add_argument("--seed", type=int, default=None, metavar="S", help="the seed of the draws (default: 0)")
+    g.add_argument(
+        "--num-samples",
+        type=int,
+        default=None,
+        metavar="N",
+        help="N samples per input line, written as an n-best list, most probable first (default: 1)",
+    )
+
+
+def resolve_sampling_flags(args: argparse.Namespace) -> str | None:
+    """Check the sampling flags: a one-line problem naming the flag, or None.
+
+    Without ``--sample`` the sampling flags are refused and ``--beam`` defaults to 12. With it, ``--beam``
+    (at most 1) and ``--nbest`` (not given) become ``--num-samples``: the hypotheses per line written.
+    """
+    flags = ("--temperature", "--top-k", "--top-p", "--seed", "--num-samples")
+    given = [f for f in flags if getattr(args, f[2:].replace("-", "_")) is not None]
+    if not args.sample:
+        if given:
+            return f"{given[0]} applies to sampling only: add --sample"
+        args.beam = _BEAM if args.beam is None else args.beam
+        return None
+    if args.beam is not None and args.beam != 1:
+        return f"--beam {args.beam} cannot be combined with --sample (sampling draws, it does not search)"
+    if args.nbest != 1:
+        return "--nbest cannot be combined with --sample: use --num-samples N"
+    checks = (
+        ("--temperature", args.temperature, lambda v: math.isfinite(v) and v > 0, "a finite number > 0"),
+        ("--top-k", args.top_k, lambda v: v >= 0, "an int >= 0"),
+        ("--top-p", args.top_p, lambda v: 0 < v <= 1, "a number in (0, 1]"),
+        ("--seed", args.seed, lambda v: v >= 0, "an int >= 0"),
+        ("--num-samples", args.num_samples, lambda v: v >= 1, "an int >= 1"),
+    )
+    for flag, value, ok, rule in checks:
+        if value is not None and not ok(value):
+            return f"{flag} must be {rule}, got {value}"
+    args.beam = args.nbest = args.num_samples or 1
+    return None
+
+
+def _sampling_options(args: argparse.Namespace) -> dict[str, Any]:
+    """``translate_sentences``' ``sampling`` keyword from the flags (empty without ``--sample``)."""
+    if not args.sample:
+        return {}
+    from attn_jax.decoding import Sampling
+
+    defaults = Sampling()
+    return {
+        "sampling": Sampling(
+            temperature=defaults.temperature if args.temperature is None else args.temperature,
+            top_k=defaults.top_k if args.top_k is None else args.top_k,
+            top_p=defaults.top_p if args.top_p is None else args.top_p,
+            seed=defaults.seed if args.seed is None else args.seed,
+        )
+    }
+
+
+def add_forcing_flags(p: argparse.ArgumentParser) -> None:
+    """``--prefix`` and ``--constraints``: per-line target prefixes and lexical constraints (docs/decoding.md)."""
+    g = p.add_argument_group(
+        "forced output",
+        "files with one line per input line (the input is then read whole, and the line counts must match)",
+    )
+    g.add_argument(
+        "--prefix",
+        default=None,
+        metavar="FILE",
+        help="target prefixes: each translation starts with its line's prefix and goes on from there "
+        "(a blank line: no prefix)",
+    )
+    g.add_argument(
+        "--constraints",
+        default=None,
+        metavar="FILE",
+        help="lexical constraints: phrases, separated by tabs, that must appear in the line's translation "
+        "(dynamic beam allocation; a blank line: none); translations the length limit left without a "
+        "constraint are counted on stderr",
+    )
+
+
+def _forcing_options(args: argparse.Namespace, lines: list[str]) -> dict[str, Any]:
+    """``translate_sentences``' ``prefixes`` and ``constraints`` from ``--prefix``/``--constraints``, or a
+    TranslateError naming both files when a file's line count differs from the input's."""
+    options: dict[str, Any] = {}
+    for flag, key in (("--prefix", "prefixes"), ("--constraints", "constraints")):
+        path = getattr(args, flag[2:])
+        if path is None:
+            continue
+        try:
+            with open(path, "rb") as f:
+                text = f.read().decode("utf-8").removeprefix("\ufeff")
+        except (OSError, UnicodeDecodeError) as e:
+            raise TranslateError(f"{flag} {path}: cannot read: {getattr(e, 'strerror', None) or e}") from None
+        # Split on \n only; tabs separate constraints, so lines are not stripped of them here.
+        rows = text[:-1].split("\n") if text.endswith("\n") else text.split("\n") if text else []
+        if len(rows) != len(lines):
+            source = "stdin" if args.input == "-" else args.input
+            raise TranslateError(
+                f"{flag} {path} has {len(rows)} lines but the input {source} has {len(lines)}: one per input line"
+            )
+        if key == "prefixes":
+            options[key] = [row.strip() for row in rows]
+        else:
+            options[key] = [[c.strip() for c in row.rstrip("\r").split("\t") if c.strip()] for row in rows]
+    return options
+
+
+def _warn_constraints(results) -> None:
+    """One stderr line counting the best translations that lack lexical constraints (never silent)."""
+    decoded = [hyps[0] for hyps in results if hyps and hyps[0].limit is not None]
+    lacking = [h.unmet_constraints for h in decoded if h.unmet_constraints]
+    if lacking:
+        print(
+            f"attn-jax translate: warning: {len(lacking)} of {len(decoded)} translations lack {sum(lacking)} "
+            "of their constraints (the length limit left no room for them): raise --max-length or "
+            "--max-length-ratio",
+            file=sys.stderr,
+        )
 
 
 def _error(message: str, status: int = 1) -> int:
@@ -412,6 +574,7 @@ def format_translations(
                     "attention": None if h.attention is None else np.round(h.attention, 6).tolist(),
                     "limit": h.limit,
                     "stopped_at_limit": h.truncated,
+                    "unmet_constraints": h.unmet_constraints,
                 }
                 for h in hyps
             ],
@@ -433,6 +596,12 @@ def format_translations(
 
 def run_translate(args: argparse.Namespace) -> int:
     """Run ``attn-jax translate`` with parsed arguments; returns the exit status."""
+    problem = resolve_sampling_flags(args)
+    if problem:
+        return _error(problem, 2)
+    if args.sample and (args.prefix is not None or args.constraints is not None):
+        flag = "--prefix" if args.prefix is not None else "--constraints"
+        return _error(f"{flag} cannot be combined with --sample (forced output is a beam-search option)", 2)
     from attn_jax.cli._options import decode_options
 
     try:
@@ -452,12 +621,16 @@ def run_translate(args: argparse.Namespace) -> int:
             print(f"attn-jax translate: warning: {loaded.note}", file=sys.stderr)
         rule = decode.length_limit(loaded.config)
         if lines is None:
-            fd = stream_fd(sys.stdin)
+            # Prefix and constraint lines pair with the input's, so the input is read whole.
+            whole = args.prefix is not None or args.constraints is not None
+            fd = None if whole else stream_fd(sys.stdin)
             if fd is None:
                 lines = _read_lines("-")
+        forcing = {} if lines is None else _forcing_options(args, lines)
     except TranslateError as e:
         return _error(e)
     options = dict(options=decode, batch_size=args.batch_size, limit=rule)
+    options.update(_sampling_options(args))
     if fd is not None:
         return _translate_stream(args, loaded, rule, options, LineStream(fd))
     bar = _progress_line(args.progress)
@@ -466,13 +639,14 @@ def run_translate(args: argparse.Namespace) -> int:
         if bar is not None:
             progress = decode_progress(bar)
             progress(0, sum(bool(s) for s in lines), 0.0)
-        results = translate_sentences(loaded, lines, progress=progress, **options)
+        results = translate_sentences(loaded, lines, progress=progress, **options, **forcing)
     except TranslateError as e:
         return _error(e)
     finally:
         if bar is not None:
             bar.close()
     _warn_length_limit(length_limit_report(loaded, lines, results, rule))
+    _warn_constraints(results)
     text = _format(lines, results, 0, args)
     if args.output == "-":
         sys.stdout.write(text)
@@ -528,7 +702,7 @@ def _translate_stream(
     report, done = None, 0
     try:
         for batch in source.batches(args.batch_size):
-            results = translate_sentences(loaded, batch, **options)
+            results = translate_sentences(loaded, batch, **options, first_index=done)
             report = merge_length_limit_reports(report, length_limit_report(loaded, batch, results, rule))
             out.write(_format(batch, results, done, args))
             out.flush()

@@ -3,6 +3,10 @@
 * :func:`beam_search` — batched, jit-compiled beam search with GNMT's length normalisation and coverage
   penalty, n-best lists, ensembles, and the attention matrix of every returned hypothesis.
 * :func:`greedy_decode` — beam search with one hypothesis and no penalties (the argmax loop).
+* :func:`sample_decode` — batched, jit-compiled sampling with temperature, top-k and top-p (:class:`Sampling`),
+  each sentence drawing independently from a seed; length limits as in beam search.
+* Forced output, in both: a target prefix per sentence (``prefix``), and lexical constraints (``constraints``)
+  met by dynamic beam allocation (Post & Vilar 2018), each hypothesis counting those it lacks.
 * :func:`search_batches` — many sentences at once: length-sorted batches at a few padded widths (few compiled
   shapes), each sentence with its own length limit; ``translate``, ``evaluate`` and validation use it.
 * :class:`LengthLimit` — how long a translation may grow: the one rule ``attn-jax translate`` and ``evaluate``
@@ -25,12 +29,14 @@ from attn_jax.decoding._batches import (
 from attn_jax.decoding._beam import BeamResult, beam_search, greedy_decode, output_length
 from attn_jax.decoding._limits import DEFAULT_MAX_LENGTH_OFFSET, DEFAULT_MAX_LENGTH_RATIO, LengthLimit
 from attn_jax.decoding._penalties import coverage_penalty, length_penalty, normalized_score
+from attn_jax.decoding._sampling import Sampling, sample_decode
 
 __all__ = [
     "DEFAULT_MAX_LENGTH_OFFSET",
     "DEFAULT_MAX_LENGTH_RATIO",
     "BeamResult",
     "LengthLimit",
+    "Sampling",
     "SearchBatch",
     "beam_search",
     "coverage_penalty",
@@ -42,5 +48,6 @@ __all__ = [
     "output_length",
     "pad_rows",
     "padded_width",
+    "sample_decode",
     "search_batches",
 ]

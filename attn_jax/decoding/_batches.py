@@ -13,6 +13,7 @@ import numpy as np
 
 from attn_jax.decoding._beam import beam_search
 from attn_jax.decoding._limits import LengthLimit
+from attn_jax.decoding._sampling import Sampling, sample_decode
 
 __all__ = ["SearchBatch", "length_batches", "model_length_cap", "pad_rows", "padded_width", "search_batches"]
 
@@ -52,6 +53,22 @@ def pad_rows(rows: list[list[int]], width: int, num_rows: int, eos_id: int, pad_
         ids[r, len(toks)] = eos_id
         mask[r, : len(toks) + 1] = True
     return ids, mask
+
+
+def _prefix_rows(prefixes, members: list[int], rows: int, pad_id: int, cap: int | None) -> dict[str, Any]:
+    """``beam_search``'s ``prefix`` and ``prefix_lengths`` for a batch, padding rows repeating the first."""
+    chosen = [list(prefixes[i]) for i in members]
+    chosen += [chosen[0]] * (rows - len(members))
+    for i, p in zip(members, chosen, strict=False):
+        if cap and len(p) + 1 > cap:
+            raise ValueError(
+                f"the prefix of sentence {i} has {len(p)} tokens, but the model produces at most {cap - 1} "
+                "tokens before </s>"
+            )
+    ids = np.full((rows, max(1, max(len(p) for p in chosen))), pad_id, np.int32)
+    for r, p in enumerate(chosen):
+        ids[r, : len(p)] = p
+    return {"prefix": ids, "prefix_lengths": np.asarray([len(p) for p in chosen], np.int32)}
 
 
 def model_length_cap(model) -> int | None:
@@ -96,8 +113,12 @@ def search_batches(
     sources_ext: Sequence[Sequence[int]] | None = None,
     no_repeat_ngram: int = 0,
     min_length: int = 0,
+    sampling: Sampling | None = None,
+    ids: Sequence[int] | None = None,
+    prefixes: Sequence[Sequence[int]] | None = None,
+    constraints: Sequence[Sequence[Sequence[int]]] | None = None,
 ) -> Iterator[SearchBatch]:
-    """Beam-search ``sources`` (token ids without ``</s>``, none empty) in length-sorted, padded batches.
+    """Beam-search (or sample) ``sources`` (token ids without ``</s>``, none empty) in length-sorted, padded batches.
 
     Sentences are grouped by :func:`length_batches` and padded by :func:`pad_rows`, each source ending in
     ``</s>`` as in training. A sentence of ``n`` tokens may produce ``limit.tokens(n)`` tokens and then
@@ -115,13 +136,25 @@ def search_batches(
       bos_id, eos_id, pad_id: the target vocabulary's.
       sources_ext: for a model that copies source words, each source in the extended target vocabulary.
       no_repeat_ngram, min_length: repetition control, as :func:`beam_search`'s (0: off).
+      sampling: draw ``num_return`` translations per sentence with :func:`sample_decode` instead of beam
+        search (``beam_size``, ``alpha`` and ``beta`` then do not apply); None: beam search.
+      ids: with ``sampling``, the number each sentence draws its words by (default: its index in
+        ``sources``), so a sentence draws the same words whatever batch it lands in.
+      prefixes: per sentence, target token ids every hypothesis must start with (empty: none); see
+        :func:`beam_search`'s ``prefix``. A prefix longer than its sentence's limit raises that limit to the
+        prefix length, so the translation may still end after it.
+      constraints: per sentence, token-id sequences that must appear (:func:`beam_search`'s
+        ``constraints``); the results then count what each hypothesis lacks (``unmet_constraints``).
 
     Yields:
       One :class:`SearchBatch` per batch, in the order decoded (shortest sentences first).
 
     Raises:
-      ValueError: from :func:`beam_search` (e.g. ``beta > 0`` for a model without attention).
+      ValueError: from :func:`beam_search` (e.g. ``beta > 0`` for a model without attention), or for a
+        prefix longer than the model can produce.
     """
+    if sampling is not None and (prefixes is not None or constraints is not None):
+        raise ValueError("sampling takes no prefixes or constraints: forced output is a beam-search option")
     cap = model_length_cap(model)
     lengths = [len(s) + 1 for s in sources]
     for members, width, rows in length_batches(lengths, batch_size):
@@ -134,9 +167,18 @@ def search_batches(
         if sources_ext is not None:
             ext = [list(sources_ext[i]) for i in members]
             extra["src_ext"] = pad_rows(ext, width, rows, eos_id, pad_id)[0]
+        if prefixes is not None:
+            extra.update(_prefix_rows(prefixes, members, rows, pad_id, cap))
+            limits = [max(n, int(p) + 1) for n, p in zip(limits, extra["prefix_lengths"], strict=True)]
+            if max(limits) > width_limit:
+                width_limit = padded_width(max(limits))
+        if constraints is not None:
+            extra["constraints"] = [constraints[i] for i in members]
+            extra["constraints"] += [extra["constraints"][0]] * (rows - len(members))
         if cap:
             width_limit, limits = min(width_limit, cap), [min(n, cap) for n in limits]
-        out = beam_search(
+        search = beam_search if sampling is None else _sampler(sampling, members, rows, ids)
+        out = search(
             model,
             src,
             mask,
@@ -155,3 +197,29 @@ def search_batches(
         )
         result = type(out)(*(None if x is None else np.asarray(x) for x in out))
         yield SearchBatch(members, limits, result)
+
+
+def _sampler(sampling: Sampling, members: list[int], rows: int, ids: Sequence[int] | None):
+    """:func:`sample_decode` for one batch, called like :func:`beam_search`: ``num_return`` samples per
+    sentence, each row drawing by its sentence's id (padding rows repeat the first)."""
+    import jax
+
+    sampling.check()
+    row_ids = [members[r] if ids is None else ids[members[r]] for r in range(len(members))]
+    row_ids += [row_ids[0]] * (rows - len(members))
+
+    def search(model, src, mask, *, beam_size, num_return, length_penalty_alpha, coverage_penalty_beta, **kw):
+        return sample_decode(
+            model,
+            src,
+            mask,
+            jax.random.key(sampling.seed),
+            temperature=sampling.temperature,
+            top_k=sampling.top_k,
+            top_p=sampling.top_p,
+            num_samples=num_return,
+            ids=np.asarray(row_ids, np.int64),
+            **kw,
+        )
+
+    return search

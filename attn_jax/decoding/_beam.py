@@ -30,6 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from attn_jax.decoding import _constrained
 from attn_jax.decoding._penalties import length_penalty, normalized_score
 from attn_jax.models.interface import check_source, gather_batch, repeat_batch
 from attn_jax.typing import Array, ArrayLike, Bool, Float, Int
@@ -56,6 +57,9 @@ class BeamResult(NamedTuple):
         probable next token was another word (its ``</s>`` was forced). Count these: a translation cut short
         by the limit is a wrong answer the limit made, not the model.
       limits: ``[B]`` int32, the length limit each sentence had (tokens including ``</s>``).
+      unmet_constraints: ``[B, N]`` int32, the lexical constraints each hypothesis lacks (0: all there); None
+        without constraints. A hypothesis lacks one only when the length limit left no room for it: it is
+        ranked below every hypothesis that has them all, and it must be reported, never passed off.
 
     An entry that could not be filled (fewer than ``N`` distinct hypotheses fit the length limit, e.g. a
     limit of 1 allows only ``</s>``) has score ``-inf``, length 0, only padding and ``truncated`` False.
@@ -68,6 +72,7 @@ class BeamResult(NamedTuple):
     attention: Float[Array, "B N L S"] | None
     truncated: Bool[Array, "B N"]
     limits: Int[Array, " B"]
+    unmet_constraints: Int[Array, "B N"] | None = None
 
 
 class _Alive(NamedTuple):
@@ -78,6 +83,7 @@ class _Alive(NamedTuple):
     attention: Float[Array, "B K L S"] | None
     coverage: Float[Array, "B K S"] | None
     states: tuple[Any, ...]  # one decoder state per model, rows b·K + k
+    progress: Int[Array, "B K C"] | None = None  # tokens matched of each lexical constraint
 
 
 class _Finished(NamedTuple):
@@ -89,6 +95,7 @@ class _Finished(NamedTuple):
     log_probs: Float[Array, "B K"]
     attention: Float[Array, "B K L S"] | None
     truncated: Bool[Array, "B K"]  # ended at the length limit with a forced </s>
+    unmet: Int[Array, "B K"] | None = None  # lexical constraints the hypothesis lacks
 
 
 def output_length(
@@ -119,6 +126,9 @@ def greedy_decode(
     src_ext: Int[ArrayLike, "B S"] | None = None,
     no_repeat_ngram: int = 0,
     min_length: int = 0,
+    prefix: Int[ArrayLike, "B P"] | None = None,
+    prefix_lengths: Int[ArrayLike, " B"] | None = None,
+    constraints: Sequence[Sequence[Sequence[int]]] | None = None,
 ) -> BeamResult:
     """Greedy decoding (``y_t = argmax_y P(y | y_<t, x)`` until ``</s>``): beam search, ``K = 1``, ``α = β = 0``.
 
@@ -145,6 +155,9 @@ def greedy_decode(
         src_ext=src_ext,
         no_repeat_ngram=no_repeat_ngram,
         min_length=min_length,
+        prefix=prefix,
+        prefix_lengths=prefix_lengths,
+        constraints=constraints,
     )
 
 
@@ -167,6 +180,9 @@ def beam_search(
     src_ext: Int[ArrayLike, "B S"] | None = None,
     no_repeat_ngram: int = 0,
     min_length: int = 0,
+    prefix: Int[ArrayLike, "B P"] | None = None,
+    prefix_lengths: Int[ArrayLike, " B"] | None = None,
+    constraints: Sequence[Sequence[Sequence[int]]] | None = None,
 ) -> BeamResult:
     """Batched, jit-compiled beam search returning the n-best hypotheses, their scores and attention.
 
@@ -229,6 +245,15 @@ def beam_search(
       min_length: ``</s>`` is forbidden before the hypothesis has this many tokens (``</s>`` not counted),
         except at the sentence's length limit, which wins; 0: off. Static, like ``no_repeat_ngram``.
         Neither option renormalises: the scores stay the model's log-probabilities of the words chosen.
+      prefix: ``[B, P]`` forced target prefixes: while ``t < prefix_lengths[b]``, every hypothesis of
+        sentence ``b`` takes ``prefix[b, t]``, and decoding continues after it. The prefix's log-probability
+        counts in the scores (as fairseq's ``prefix_tokens``); repetition control never blocks it. Its
+        tokens must be words (not ``</s>``, ``<s>`` or padding), and a prefix must leave room for ``</s>``
+        (``prefix_lengths[b] < limit_b``). None (the default) adds no operation to the search.
+      prefix_lengths: ``[B]`` the prefix length of each sentence (0: none); needed with ``prefix``.
+      constraints: per sentence, a list of constraints, each a non-empty list of token ids that must appear
+        in the output as a contiguous sequence (lexically constrained decoding by dynamic beam allocation,
+        :mod:`attn_jax.decoding._constrained`). The result then has ``unmet_constraints``.
 
     Returns:
       A :class:`BeamResult` with ``[B, N, ...]`` fields, best first.
@@ -270,6 +295,12 @@ def beam_search(
             real = jnp.sum(src_mask, axis=-1).astype(jnp.float32)  # [B]
             limit = jnp.floor(jnp.float32(max_length_ratio) * real + 1e-4).astype(jnp.int32)
             limit = jnp.clip(limit + max_length_offset, 1, length)
+    forcing = None
+    if prefix is not None or prefix_lengths is not None:
+        forcing = _check_prefix(prefix, prefix_lengths, np.asarray(limit), length, bos_id, eos_id, pad_id)
+    packed = None
+    if constraints is not None:
+        packed = _constrained.pack_constraints(constraints, src.shape[0], bos_id, eos_id, pad_id)
     graphdefs, states = zip(*(nnx.split(m) for m in models), strict=True)
     result = _search_jit(
         tuple(graphdefs),
@@ -280,6 +311,8 @@ def beam_search(
         jnp.float32(length_penalty_alpha),
         jnp.float32(coverage_penalty_beta),
         None if src_ext is None else jnp.asarray(src_ext, jnp.int32),
+        forcing,
+        packed,
         beam_size=beam_size,
         num_return=num_return,
         length=length,
@@ -325,6 +358,37 @@ def _check_limits(limits, batch: int):
     if batch and arr.min() < 1:
         raise ValueError(f"limits must be >= 1 (tokens including </s>), got {int(arr.min())}")
     return arr.astype(np.int32)
+
+
+def _check_prefix(prefix, lengths, limit: np.ndarray, width: int, bos_id, eos_id, pad_id):
+    """``(prefix [B, L], lengths [B])`` as int32 arrays padded or cut to the output width, or a ValueError."""
+    if prefix is None or lengths is None:
+        raise ValueError("give prefix and prefix_lengths together")
+    arr, n = np.asarray(prefix), np.asarray(lengths)
+    batch = limit.shape[0]
+    if arr.ndim != 2 or arr.shape[0] != batch or not np.issubdtype(arr.dtype, np.integer):
+        raise ValueError(f"prefix must be [B={batch}, P] ints, got {arr.dtype} {list(arr.shape)}")
+    if n.shape != (batch,) or not np.issubdtype(n.dtype, np.integer):
+        raise ValueError(f"prefix_lengths must be {batch} ints, got {n.dtype} {list(n.shape)}")
+    for b in range(batch):
+        if not 0 <= n[b] <= arr.shape[1]:
+            raise ValueError(
+                f"prefix_lengths[{b}] = {n[b]} is outside [0, {arr.shape[1]}] (the prefix width)"
+            )
+        if n[b] >= limit[b]:
+            raise ValueError(
+                f"the prefix of sentence {b} has {n[b]} tokens, but its length limit is {limit[b]} tokens "
+                "including </s>: no room for </s>"
+            )
+        bad = [int(x) for x in arr[b, : n[b]] if x < 0 or x in (bos_id, eos_id, pad_id)]
+        if bad:
+            raise ValueError(
+                f"the prefix of sentence {b} holds {bad[0]}, not a word id (</s>, <s>, pad, < 0)"
+            )
+    out = np.full((batch, width), pad_id, np.int32)
+    cut = min(width, arr.shape[1])
+    out[:, :cut] = arr[:, :cut]
+    return jnp.asarray(out), jnp.asarray(n, jnp.int32)
 
 
 def _check_options(
@@ -408,6 +472,8 @@ def _search(
     alpha,
     beta,
     src_ext=None,
+    prefix=None,
+    cons=None,
     *,
     beam_size,
     num_return,
@@ -468,10 +534,18 @@ def _search(
         vocab = logp.shape[-1]
         ids = jnp.arange(vocab)
         at_limit = (t + 1 >= limit)[:, None, None]  # [B, 1, 1]: the last token a sentence may have
+        raw = logp
         if no_repeat_ngram or min_length:  # static: with both off the search has no extra operation
             logp = _block_repeats(logp, alive.tokens, t, at_limit, no_repeat_ngram, min_length, eos_id)
+        if cons is not None:  # </s> waits until every constraint is met (or the limit forces it)
+            logp = _constrained.block_eos(logp, alive.progress, cons, at_limit, eos_id)
         free = (ids != pad_id) & (ids != bos_id)
         allowed = free & (~at_limit | (ids == eos_id))
+        if prefix is not None:  # inside its prefix a sentence takes the prefix token, never blocked
+            want = jax.lax.dynamic_index_in_dim(prefix[0], t, axis=1, keepdims=False)  # [B]
+            inside = (t < prefix[1])[:, None, None]  # [B, 1, 1]
+            allowed = jnp.where(inside, ids == want[:, None, None], allowed)
+            logp = jnp.where(inside, raw, logp)
         cand = alive.log_probs[..., None] + jnp.where(allowed, logp, _NEG_INF)  # [B, K, V]
         # At the limit </s> is forced; it was the model's own choice only if no other word was more probable.
         best_word = jnp.max(jnp.where(free & (ids != eos_id), logp, _NEG_INF), axis=-1)  # [B, K]
@@ -482,30 +556,42 @@ def _search(
             history = jax.lax.dynamic_update_index_in_dim(history, attn, t, axis=2)
             coverage = coverage + attn
 
-        # The 2K best extensions hold at least K that do not end the sentence (one </s> per hypothesis).
-        top_lp, top = jax.lax.top_k(cand.reshape(batch, k * vocab), 2 * k)  # [B, 2K], best first
-        top_eos = (top % vocab) == eos_id
-        # A </s> extension finishes only if it ranks among the K best of all extensions (fairseq's rule), so
-        # K = 1 is greedy decoding: the sentence ends exactly when </s> is the argmax.
-        eos_flat = jnp.arange(k) * vocab + eos_id  # [K]: where each hypothesis' </s> lies in the flat axis
-        # Masked, not sliced (top[:, :k]): a second slice of top_k's output stops XLA from rewriting the sort
-        # behind top_k into its TopK kernel, and a full sort of the K·V axis every step was ~90 % of the search.
-        first_k = (jnp.arange(2 * k) < k)[None, None, :]
-        in_top_k = jnp.any((top[:, None, :] == eos_flat[None, :, None]) & first_k, axis=-1)  # [B, K]
+        if cons is None:
+            # The 2K best extensions hold at least K that do not end the sentence (one </s> per hypothesis).
+            top_lp, top = jax.lax.top_k(cand.reshape(batch, k * vocab), 2 * k)  # [B, 2K], best first
+            top_eos = (top % vocab) == eos_id
+            # A </s> extension finishes only if it ranks among the K best of all extensions (fairseq's rule),
+            # so K = 1 is greedy decoding: the sentence ends exactly when </s> is the argmax.
+            # [K]: where each hypothesis' </s> lies in the flat axis
+            eos_flat = jnp.arange(k) * vocab + eos_id
+            # Masked, not sliced (top[:, :k]): a second slice of top_k's output stops XLA from rewriting the
+            # sort behind top_k into its TopK kernel, and a full sort of the K·V axis every step was ~90 % of
+            # the search.
+            first_k = (jnp.arange(2 * k) < k)[None, None, :]
+            in_top_k = jnp.any((top[:, None, :] == eos_flat[None, :, None]) & first_k, axis=-1)  # [B, K]
+        else:  # dynamic beam allocation picks the candidates instead, in the same two roles
+            in_top_k, log_probs, flat, progress = _constrained.allocate(cand, alive.progress, cons, k, eos_id)
         eos_lp = jnp.where(in_top_k, cand[..., eos_id], _NEG_INF)  # [B, K]
         done_tokens = jax.lax.dynamic_update_index_in_dim(
             alive.tokens, jnp.full((batch, k), eos_id, jnp.int32), t, axis=2
         )
         eos_scores = normalized_score(eos_lp, t + 1, coverage, src_mask[:, None, :], alpha, beta)
+        unmet = None if cons is None else _constrained.unmet(alive.progress, cons)
         offered = _Finished(
-            done_tokens, jnp.full((batch, k), t + 1, jnp.int32), eos_scores, eos_lp, history, forced
+            done_tokens, jnp.full((batch, k), t + 1, jnp.int32), eos_scores, eos_lp, history, forced, unmet
         )
         both = jax.tree.map(lambda a, b: jnp.concatenate([a, b], axis=1), fin, offered)
-        _, best = jax.lax.top_k(both.scores, k)  # stable: on ties an earlier finished hypothesis stays first
+        if cons is None:
+            # Stable: on ties an earlier finished hypothesis stays first.
+            _, best = jax.lax.top_k(both.scores, k)
+        else:
+            best = _constrained.rank_finished(both.scores, both.unmet, k)
         fin = jax.tree.map(lambda x: _take_beams(x, best), both)
 
-        log_probs, keep = jax.lax.top_k(jnp.where(top_eos, _NEG_INF, top_lp), k)  # the K best others
-        flat = jnp.take_along_axis(top, keep, axis=1)
+        if cons is None:
+            log_probs, keep = jax.lax.top_k(jnp.where(top_eos, _NEG_INF, top_lp), k)  # the K best others
+            flat = jnp.take_along_axis(top, keep, axis=1)
+            progress = None
         beams, words = flat // vocab, (flat % vocab).astype(jnp.int32)
         tokens = jax.lax.dynamic_update_index_in_dim(_take_beams(alive.tokens, beams), words, t, axis=2)
         if attn is not None:
@@ -517,7 +603,7 @@ def _search(
         bound = jnp.max(log_probs, axis=1) / max_lp
         done = (t + 1 >= limit) | (bound <= fin.scores[:, num_return - 1])
         log_probs = jnp.where(done[:, None], _NEG_INF, log_probs)
-        return _Alive(tokens, log_probs, history, coverage, states), fin
+        return _Alive(tokens, log_probs, history, coverage, states, progress), fin
 
     dec0 = tuple(dec0)
     logp, new_states, attn = decode(dec0, jnp.full((batch * k,), bos_id, jnp.int32))
@@ -526,7 +612,8 @@ def _search(
     tokens = jnp.full((batch, k, length), pad_id, jnp.int32)
     # Only the first slot is live at the start, so the K beams do not all grow the same prefix.
     first = jnp.where(jnp.arange(k) == 0, 0.0, _NEG_INF)
-    alive = _Alive(tokens, jnp.broadcast_to(first, (batch, k)), history, coverage, dec0)
+    progress = None if cons is None else jnp.zeros((batch, k, cons.lengths.shape[1]), jnp.int32)
+    alive = _Alive(tokens, jnp.broadcast_to(first, (batch, k)), history, coverage, dec0, progress)
     fin = _Finished(
         tokens,
         jnp.zeros((batch, k), jnp.int32),
@@ -534,6 +621,7 @@ def _search(
         jnp.full((batch, k), _NEG_INF),
         history,
         jnp.zeros((batch, k), jnp.bool_),
+        None if cons is None else jnp.zeros((batch, k), jnp.int32),
     )
     alive, fin = advance(0, alive, fin, logp, new_states, attn)
 
@@ -563,6 +651,7 @@ def _search(
         attention=attention,
         truncated=valid & top.truncated,
         limits=limit,
+        unmet_constraints=None if cons is None else jnp.where(valid, top.unmet, 0),
     )
 
 

@@ -32,6 +32,8 @@ class Translation(NamedTuple):
         what the model can produce (:func:`model_length_cap`); None for a blank line (nothing decoded).
       source_unk: positions (0-based, in ``source_tokens``) of the source tokens the source vocabulary maps to
         ``<unk>``: the model never saw those words.
+      unmet_constraints: how many of the sentence's lexical constraints this hypothesis lacks (the length
+        limit left no room for them); 0 without constraints.
     """
 
     text: str
@@ -44,6 +46,7 @@ class Translation(NamedTuple):
     truncated: bool = False
     limit: int | None = None
     source_unk: tuple[int, ...] = ()
+    unmet_constraints: int = 0
 
     def alignment(self) -> str:
         """Pharaoh ``i-j`` links: each target token ``j`` to its most-attended source token ``i`` (no ``</s>``)."""
@@ -83,6 +86,44 @@ def _token_strings(vocab, ids: Sequence[int]) -> list[str]:
     return [vocab.decode([i]) or "?" for i in ids]
 
 
+def _target_ids(vocab, text: str, where: str) -> list[int]:
+    """``text`` in the target vocabulary, or a TranslateError naming a word it lacks (forced as ``<unk>``, it
+    would put ``<unk>`` where the user's word was)."""
+    ids = vocab.encode(text)
+    if vocab.unk_id in ids:
+        unknown = [w for w in text.split() if vocab.unk_id in vocab.encode(w)] or [text]
+        raise TranslateError(f"{where}: {unknown[0]!r} is not in the target vocabulary")
+    return ids
+
+
+def _forced_ids(loaded: LoadedModel, sentences, prefixes, constraints):
+    """The prefixes and constraints as target ids (None stays None), checked against the sentences (line
+    ``i + 1`` is sentence ``i``) and the model's length cap; a TranslateError names the line otherwise."""
+    from attn_jax.decoding import model_length_cap
+
+    forced = wanted = None
+    vocab, cap = loaded.tgt_vocab, model_length_cap(loaded.model)
+    if prefixes is not None:
+        if len(prefixes) != len(sentences):
+            raise TranslateError(f"got {len(prefixes)} prefixes for {len(sentences)} sentences")
+        forced = [_target_ids(vocab, p, f"prefix of line {i + 1}") for i, p in enumerate(prefixes)]
+        for i, ids in enumerate(forced):
+            if cap and len(ids) + 1 > cap:
+                raise TranslateError(
+                    f"prefix of line {i + 1}: {len(ids)} tokens, but the model produces at most {cap - 1}"
+                )
+    if constraints is not None:
+        if len(constraints) != len(sentences):
+            raise TranslateError(f"got {len(constraints)} constraint lists for {len(sentences)} sentences")
+        wanted = []
+        for i, phrases in enumerate(constraints):
+            where = f"constraint of line {i + 1}"
+            if any(not p.split() for p in phrases):
+                raise TranslateError(f"{where}: a constraint is empty")
+            wanted.append([_target_ids(vocab, p, where) for p in phrases])
+    return forced, wanted
+
+
 def translate_sentences(
     loaded: LoadedModel,
     sentences: Sequence[str],
@@ -91,6 +132,10 @@ def translate_sentences(
     batch_size: int = 32,
     limit=None,
     progress: Callable[[int, int, float], None] | None = None,
+    sampling=None,
+    first_index: int = 0,
+    prefixes: Sequence[str] | None = None,
+    constraints: Sequence[Sequence[str]] | None = None,
     **fields: Any,
 ) -> list[list[Translation]]:
     """Beam-search translations of ``sentences``: for each, its ``nbest`` best hypotheses, best first.
@@ -111,6 +156,15 @@ def translate_sentences(
         rule :meth:`DecodeOptions.length_limit` gives.
       progress: called after each batch with the sentences decoded so far, their total and the fraction of
         the work done (source tokens, the longer sentences come last).
+      sampling: an ``attn_jax.decoding.Sampling``: draw ``nbest`` translations per sentence
+        (``attn_jax.decoding.sample_decode``) instead of beam search; ``beam_size``, ``alpha`` and ``beta``
+        then do not apply, and each score is the sample's ``log_prob``. None: beam search.
+      first_index: the position of ``sentences[0]`` in the whole input. Sampling draws sentence ``i``'s words
+        by ``first_index + i``, so an input translated in pieces gets the samples it gets at once.
+      prefixes: per sentence, a target prefix every hypothesis starts with ("": none), tokenised like the
+        targets; decoding continues after it (``attn_jax.decoding.beam_search``'s ``prefix``).
+      constraints: per sentence, phrases that must appear in the translation (lexically constrained decoding,
+        ``attn_jax.decoding.beam_search``'s ``constraints``); each :class:`Translation` counts those it lacks.
       **fields: :class:`DecodeOptions` fields that replace those of ``options`` (``beam_size=4``).
 
     Returns:
@@ -118,7 +172,10 @@ def translate_sentences(
     """
     from attn_jax.decoding import search_batches
 
-    opts = dataclasses.replace(options or DecodeOptions(), **fields).check()
+    opts = dataclasses.replace(options or DecodeOptions(), **fields)
+    if sampling is not None:  # sampling draws nbest translations; there is no beam to bound them
+        opts = dataclasses.replace(opts, beam_size=max(opts.beam_size, opts.nbest))
+    opts.check()
     rule = opts.length_limit(loaded.config) if limit is None else limit
     try:
         rule.check()
@@ -141,6 +198,7 @@ def translate_sentences(
         from attn_jax.data import extend_with_source
 
         extended = [extend_with_source(s, "", tgt_vocab) for s in sentences]
+    forced, wanted = _forced_ids(loaded, sentences, prefixes, constraints)
     results: list[list[Translation]] = [[] for _ in sentences]
     todo = [i for i, ids in enumerate(encoded) if ids]
     for i in range(len(sentences)):
@@ -165,6 +223,10 @@ def translate_sentences(
         sources_ext=[extended[i][0] for i in todo] if copies else None,
         no_repeat_ngram=opts.no_repeat_ngram,
         min_length=opts.min_length,
+        sampling=sampling,
+        ids=[first_index + i for i in todo],
+        prefixes=None if forced is None else [forced[i] for i in todo],
+        constraints=None if wanted is None else [wanted[i] for i in todo],
     )
     while True:
         try:
@@ -177,6 +239,7 @@ def translate_sentences(
         tokens, lens = np.asarray(out.tokens), np.asarray(out.lengths)
         scores, log_probs = np.asarray(out.scores), np.asarray(out.log_probs)
         truncated = np.asarray(out.truncated)
+        lacking = None if out.unmet_constraints is None else np.asarray(out.unmet_constraints)
         attention = None if out.attention is None else np.asarray(out.attention)
         for r, i in enumerate(members):
             n = len(encoded[i])
@@ -210,6 +273,7 @@ def translate_sentences(
                         bool(truncated[r, k]),
                         limits[r] - 1,
                         tuple(j for j, t in enumerate(encoded[i]) if t == src_vocab.unk_id),
+                        0 if lacking is None else int(lacking[r, k]),
                     )
                 )
             results[i] = hyps

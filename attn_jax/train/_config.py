@@ -589,6 +589,23 @@ def check_config(config: ml_collections.ConfigDict) -> None:
         "data.src_vocab_size",
         "data.tgt_vocab_size",
     )
+    _check_training(config)
+    _check_alignment(config)
+    _check_data(config)
+    batch_configs(config)
+    optimizer_config(config)
+    if config.optimizer.accumulate > 1 and config.lambda_align > 0:
+        raise ConfigError(
+            f"optimizer.accumulate={config.optimizer.accumulate} cannot be used with lambda_align > 0 (the "
+            "guided-alignment loss has its own normaliser, summed over micro-batches it is not exact)"
+        )
+    model_config(config, src_vocab=8, tgt_vocab=8)
+    _check_parallel(config)
+    _check_validation(config)
+
+
+def _check_training(config: ml_collections.ConfigDict) -> None:
+    """The seed, label smoothing and the coverage loss's weight and start."""
     if not 0 <= config.seed < 2**63:  # NumPy's SeedSequence refuses negative seeds, JAX's key needs an int64
         raise ConfigError(f"seed must be an int in [0, 2**63 - 1], got {config.seed}")
     if not 0.0 <= config.label_smoothing < 1.0:
@@ -612,7 +629,10 @@ def check_config(config: ml_collections.ConfigDict) -> None:
             f"coverage_start_step={start} is not below num_train_steps={config.num_train_steps}: "
             "the coverage loss would never be trained"
         )
-    _check_alignment(config)
+
+
+def _check_data(config: ml_collections.ConfigDict) -> None:
+    """``data.*``: the corpus and its paths, the vocabulary, copying, prepared corpora and packing."""
     d = config.data
     if config.model.get("copy", False):
         # Subword vocabularies leave no word outside the target vocabulary to copy, and source pieces are not
@@ -667,16 +687,6 @@ def check_config(config: ml_collections.ConfigDict) -> None:
             f"data.pack=True needs model.arch=transformer (the only model that reads segment ids); got "
             f"model.arch={config.model.arch!r}"
         )
-    batch_configs(config)
-    optimizer_config(config)
-    if config.optimizer.accumulate > 1 and config.lambda_align > 0:
-        raise ConfigError(
-            f"optimizer.accumulate={config.optimizer.accumulate} cannot be used with lambda_align > 0 (the "
-            "guided-alignment loss has its own normaliser, summed over micro-batches it is not exact)"
-        )
-    model_config(config, src_vocab=8, tgt_vocab=8)
-    _check_parallel(config)
-    _check_validation(config)
 
 
 # checkpoint.best_metric -> (the validation record's key, whether higher is better).

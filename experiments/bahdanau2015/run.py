@@ -262,11 +262,112 @@ def findings_markdown(checks, numbers, ranges, args, why_no_ranges: str = "") ->
     return md
 
 
+def _write_results(out: str, runs: dict, results: dict, checks, numbers: dict, recipes: dict) -> None:
+    """``results.json``: every system's numbers, the findings, seeds, recipes and XLA flags."""
+    with open(os.path.join(out, "results.json"), "w", encoding="utf-8") as f:
+        json.dump(
+            {
+                "systems": results,
+                "findings": [c._asdict() for c in checks],
+                "headline": numbers,
+                "seeds": {s: r["config"].seed for s, r in runs.items()},
+                "recipes": recipes,
+                "xla_flags": os.environ.get("XLA_FLAGS", ""),
+            },
+            f,
+            indent=1,
+            allow_nan=False,
+        )
+
+
+def _heatmaps_markdown(runs: dict, out: str) -> list[str]:
+    """The report's attention pictures (Figure 3): each system's chosen test sentences."""
+    md: list[str] = []
+    for system, caption in (
+        ("RNNsearch", "RNNsearch attention on test sentences (Figure 3)"),
+        ("Transformer", "Transformer cross-attention on test sentences (last decoder layer)"),
+    ):
+        if system not in runs:
+            continue
+        files = runs[system]["eval"]["files"]
+        md.append(f"## {caption}\n")
+        picks = runs[system]["eval"].get("heatmaps", [])
+        limit = runs[system]["eval"].get("training_max_source_length")
+        md.append(
+            "Chosen as the paper's Figure 3 is (`attn_jax.pipeline.figure3_examples`): the longest test "
+            f"sentences within the training lengths (at most {limit} source words) that this system translates "
+            "exactly, then one sentence beyond the training lengths as the failure case. Each picture shows the "
+            "attention while the system produced its own translation (rows: target words, columns: source words, "
+            "white = weight 1).\n"
+        )
+        if system == "Transformer":
+            md.append(
+                "Left: the mean of the heads (what beam search and AER use); right: the single head with the "
+                "sharpest attention (lowest mean entropy) on the same translation.\n"
+            )
+        shown = False
+        for k, pick in enumerate(picks):
+            pics = [files[f] for f in (f"attention_{k}.png", f"attention_{k}_head.png") if f in files]
+            if pics:
+                kind = {
+                    "correct": "translated exactly",
+                    "within": "within the training lengths but **not** translated exactly (too few exact ones)",
+                    "beyond": "**beyond the training lengths** (the failure case)",
+                }[pick["kind"]]
+                md.append(f"Test sentence #{pick['index']}, {pick['words']} words, {kind}:\n")
+                md.append(" ".join(f"![{os.path.basename(h)}]({_rel(h, out)})" for h in pics) + "\n")
+                shown = True
+        if not shown:
+            md.append("(no heatmap was written)\n")
+    return md
+
+
+def _appendix_markdown(runs: dict, args: argparse.Namespace, total_s: float, out: str) -> list[str]:
+    """The report's closing sections: wall times, seeds, configs, versions, machine and files."""
+    from attn_jax.train import flatten_config
+
+    md: list[str] = [
+        "## Wall times\n",
+        "| system | train | evaluate | best step | last step |",
+        "|---|---|---|---|---|",
+    ]
+    for s, r in runs.items():
+        t = r["trained"]
+        md.append(f"| {s} | {_fmt_s(r['train_s'])} | {_fmt_s(r['eval_s'])} | {t.best_step} | {t.step} |")
+    md += ["", f"Total (train + evaluate all + report): {_fmt_s(total_s)}.\n", "## Seeds\n"]
+    for s, r in runs.items():
+        c = r["config"]
+        md.append(
+            f"- {s}: `seed={c.seed}`, corpus `{c.data.corpus}/{c.data.synthetic}`, `data.synthetic_spec.seed={c.data.synthetic_spec.seed}`"
+        )
+    md += ["", "## Configs\n"]
+    if args.set:
+        md.append("Overrides applied to every model: " + ", ".join(f"`{o}`" for o in args.set) + "\n")
+    for s, r in runs.items():
+        flat = {k: (list(v) if isinstance(v, tuple) else v) for k, v in flatten_config(r["config"]).items()}
+        md += [
+            f"### {s} (`{r['spec']}`)\n",
+            "```json",
+            json.dumps(flat, indent=1, sort_keys=True, default=str),
+            "```\n",
+        ]
+    md += ["## Versions\n", "| package | version |", "|---|---|"]
+    md += [f"| {k} | {v} |" for k, v in package_versions().items()]
+    md += ["", "## Machine\n", "| | |", "|---|---|"]
+    md += [f"| {k} | {v} |" for k, v in machine().items()]
+    md += ["", "## Files\n"]
+    md += [
+        f"- {s}: run `{_rel(r['workdir'], out)}/`, evaluation `{_rel(os.path.dirname(r['eval']['files']['evaluation.json']), out)}/`"
+        for s, r in runs.items()
+    ]
+    return md
+
+
 def run_experiment(args: argparse.Namespace) -> str:
     """Train, evaluate and report; returns the path of report.md."""
     from attn_jax import eval as ev
     from attn_jax.pipeline import DecodeOptions, decode_progress, evaluate_workdir, quiet_checkpoint_logs
-    from attn_jax.train import ProgressLine, apply_overrides, flatten_config, load_config, train_and_evaluate
+    from attn_jax.train import ProgressLine, apply_overrides, load_config, train_and_evaluate
 
     quiet_checkpoint_logs()
     beam = args.beam if args.beam is not None else (2 if args.smoke else 4)
@@ -317,20 +418,7 @@ def run_experiment(args: argparse.Namespace) -> str:
     numbers = fd.headline(results)
     recipes = {s: recipe(r["config"]) for s, r in runs.items()}
     ranges, why_no_ranges = load_ranges(args, recipes)
-    with open(os.path.join(out, "results.json"), "w", encoding="utf-8") as f:
-        json.dump(
-            {
-                "systems": results,
-                "findings": [c._asdict() for c in checks],
-                "headline": numbers,
-                "seeds": {s: r["config"].seed for s, r in runs.items()},
-                "recipes": recipes,
-                "xla_flags": os.environ.get("XLA_FLAGS", ""),
-            },
-            f,
-            indent=1,
-            allow_nan=False,
-        )
+    _write_results(out, runs, results, checks, numbers, recipes)
     by_length = {s: r["eval"]["bleu_by_length_result"] for s, r in runs.items()}
     scores = {s: r["eval"]["system_scores"] for s, r in runs.items()}
     plot = ev.plot_bleu_by_length(
@@ -363,76 +451,8 @@ def run_experiment(args: argparse.Namespace) -> str:
         )
     md.append("")
     md += findings_markdown(checks, numbers, ranges, args, why_no_ranges)
-    for system, caption in (
-        ("RNNsearch", "RNNsearch attention on test sentences (Figure 3)"),
-        ("Transformer", "Transformer cross-attention on test sentences (last decoder layer)"),
-    ):
-        if system not in runs:
-            continue
-        files = runs[system]["eval"]["files"]
-        md.append(f"## {caption}\n")
-        picks = runs[system]["eval"].get("heatmaps", [])
-        limit = runs[system]["eval"].get("training_max_source_length")
-        md.append(
-            "Chosen as the paper's Figure 3 is (`attn_jax.pipeline.figure3_examples`): the longest test "
-            f"sentences within the training lengths (at most {limit} source words) that this system translates "
-            "exactly, then one sentence beyond the training lengths as the failure case. Each picture shows the "
-            "attention while the system produced its own translation (rows: target words, columns: source words, "
-            "white = weight 1).\n"
-        )
-        if system == "Transformer":
-            md.append(
-                "Left: the mean of the heads (what beam search and AER use); right: the single head with the "
-                "sharpest attention (lowest mean entropy) on the same translation.\n"
-            )
-        shown = False
-        for k, pick in enumerate(picks):
-            pics = [files[f] for f in (f"attention_{k}.png", f"attention_{k}_head.png") if f in files]
-            if pics:
-                kind = {
-                    "correct": "translated exactly",
-                    "within": "within the training lengths but **not** translated exactly (too few exact ones)",
-                    "beyond": "**beyond the training lengths** (the failure case)",
-                }[pick["kind"]]
-                md.append(f"Test sentence #{pick['index']}, {pick['words']} words, {kind}:\n")
-                md.append(" ".join(f"![{os.path.basename(h)}]({_rel(h, out)})" for h in pics) + "\n")
-                shown = True
-        if not shown:
-            md.append("(no heatmap was written)\n")
-    md += [
-        "## Wall times\n",
-        "| system | train | evaluate | best step | last step |",
-        "|---|---|---|---|---|",
-    ]
-    for s, r in runs.items():
-        t = r["trained"]
-        md.append(f"| {s} | {_fmt_s(r['train_s'])} | {_fmt_s(r['eval_s'])} | {t.best_step} | {t.step} |")
-    md += ["", f"Total (train + evaluate all + report): {_fmt_s(total_s)}.\n", "## Seeds\n"]
-    for s, r in runs.items():
-        c = r["config"]
-        md.append(
-            f"- {s}: `seed={c.seed}`, corpus `{c.data.corpus}/{c.data.synthetic}`, `data.synthetic_spec.seed={c.data.synthetic_spec.seed}`"
-        )
-    md += ["", "## Configs\n"]
-    if args.set:
-        md.append("Overrides applied to every model: " + ", ".join(f"`{o}`" for o in args.set) + "\n")
-    for s, r in runs.items():
-        flat = {k: (list(v) if isinstance(v, tuple) else v) for k, v in flatten_config(r["config"]).items()}
-        md += [
-            f"### {s} (`{r['spec']}`)\n",
-            "```json",
-            json.dumps(flat, indent=1, sort_keys=True, default=str),
-            "```\n",
-        ]
-    md += ["## Versions\n", "| package | version |", "|---|---|"]
-    md += [f"| {k} | {v} |" for k, v in package_versions().items()]
-    md += ["", "## Machine\n", "| | |", "|---|---|"]
-    md += [f"| {k} | {v} |" for k, v in machine().items()]
-    md += ["", "## Files\n"]
-    md += [
-        f"- {s}: run `{_rel(r['workdir'], out)}/`, evaluation `{_rel(os.path.dirname(r['eval']['files']['evaluation.json']), out)}/`"
-        for s, r in runs.items()
-    ]
+    md += _heatmaps_markdown(runs, out)
+    md += _appendix_markdown(runs, args, total_s, out)
     report = os.path.join(out, "report.md")
     with open(report, "w", encoding="utf-8") as f:
         f.write("\n".join(md) + "\n")

@@ -21,7 +21,7 @@ With a GPU (JAX's first device is a ``gpu``) it runs, each section in its own pr
 It then replaces the ``gpu-check`` section of ``--out`` (experiments/benchmarks/RESULTS.md), between its
 markers, writes the same numbers as ``gpu_check.json`` beside it and prints a short summary. Timings: every
 program is compiled ahead of time (compilation is reported, never timed), then warmed up, then the median of
-several calls each ended by ``jax.block_until_ready`` (``bench.measure``/``bench.measure_interleaved``). A
+several calls each ended by ``jax.block_until_ready`` (``harness.measure``/``harness.measure_interleaved``). A
 section near its cap starts nothing new and names what it did not run; one killed at its cap keeps the rows it
 finished. A killed or failed section, or a failing test, makes the exit status 1.
 
@@ -53,7 +53,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 
-import bench  # noqa: E402  (the harness's timing, formatting and RESULTS.md writer: one of each)
+import harness  # noqa: E402  (the benchmark's timing, formatting and RESULTS.md writer: one of each)
+from harness import section_marker  # noqa: E402
+from rows.rnnsearch import random_batches  # noqa: E402
+from rows.row1_attention import chosen_path, compile_attention_pass  # noqa: E402
 
 SECTION = "gpu-check"  # RESULTS.md's markers: <!-- section:gpu-check --> ... <!-- /section:gpu-check -->
 # Seconds per section, each a hard limit on its process (start-up and compilation included). 450 s together
@@ -70,7 +73,7 @@ NO_GPU_LINE = (
 class Sizes:
     """The sizes of a run: ``GPU`` the published check, ``TINY`` the CPU check that keeps the script alive."""
 
-    timing: bench.Sizes  # only its min_repeats / max_repeats / budget_s are read (bench.measure*)
+    timing: harness.Sizes  # only its min_repeats / max_repeats / budget_s are read (harness.measure*)
     matmul: tuple[int, ...]  # square bfloat16 matmuls n x n x n; the peak is the fastest
     matmul_f32: int  # one float32 matmul (info: the RNNsearch rows compute in float32)
     attn_tokens: (
@@ -90,7 +93,7 @@ class Sizes:
     gnmt_steps: int
 
 
-_TIMING = dataclasses.replace(bench.QUICK, min_repeats=3, max_repeats=20, budget_s=0.5)
+_TIMING = dataclasses.replace(harness.QUICK, min_repeats=3, max_repeats=20, budget_s=0.5)
 GPU = Sizes(
     timing=_TIMING,
     matmul=(4096, 8192, 16384),
@@ -110,7 +113,7 @@ GPU = Sizes(
     gnmt_steps=3,
 )
 TINY = Sizes(
-    timing=dataclasses.replace(bench.QUICK, min_repeats=2, max_repeats=2, budget_s=0.01),
+    timing=dataclasses.replace(harness.QUICK, min_repeats=2, max_repeats=2, budget_s=0.01),
     matmul=(64, 128),
     matmul_f32=64,
     attn_tokens=128,
@@ -176,7 +179,7 @@ def _log(msg: str) -> None:
 
 
 def _ctx(sizes: Sizes):
-    """A ``bench.Ctx`` for the harness's helpers (timing, batches); no PyTorch here."""
+    """A ``harness.Ctx`` for the harness's helpers (timing, batches); no PyTorch here."""
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -184,8 +187,8 @@ def _ctx(sizes: Sizes):
     device = jax.local_devices()[0]
     stats = device.memory_stats() or {}
     # Never execute a program that would not fit: 80 % of what the allocator may use (CPU: 4 GiB).
-    limit = int(0.8 * stats["bytes_limit"]) if "bytes_limit" in stats else 4 * bench.GIB
-    return bench.Ctx(
+    limit = int(0.8 * stats["bytes_limit"]) if "bytes_limit" in stats else 4 * harness.GIB
+    return harness.Ctx(
         sizes=sizes.timing,
         quick=sizes.tiny_model,
         device="gpu" if device.platform == "gpu" else "cpu",
@@ -211,7 +214,7 @@ def section_matmul(rec: Recorder, sizes: Sizes, peak: float | None) -> None:
         b = jax.random.normal(kb, (n, n), dtype)
         compiled = jax.jit(jnp.matmul).lower(a, b).compile()
         _log(f"matmul: {dtype} {n}x{n}x{n}")
-        t = bench.measure(ctx, bench.jax_call(ctx, compiled, a, b))
+        t = harness.measure(ctx, harness.jax_call(ctx, compiled, a, b))
         rec.row(dtype=dtype, n=n, seconds=t.median, calls=t.calls, tflops=2 * n**3 / t.median / 1e12)
 
 
@@ -243,7 +246,7 @@ def section_attention(rec: Recorder, sizes: Sizes, peak: float | None) -> None:
             "cudnn": (lib, "cudnn", (q, k, v, g)),
             "jax.nn cudnn": (ref, "cudnn", (tq, tk, tv, tg)),
         }
-        path = bench._chosen_path(ctx, q, k, v)
+        path = chosen_path(ctx, q, k, v)
         flops = 4 * b * h * length * length * d
         # The plain path holds float32 logits and weights [B, H, L, L]: refuse it before compiling, whose
         # autotuning would already allocate buffers that size.
@@ -255,22 +258,22 @@ def section_attention(rec: Recorder, sizes: Sizes, peak: float | None) -> None:
             ready = {}
             for name, (fn, impl, (a1, a2, a3, cot)) in variants.items():
                 if (impl == "xla" or (impl is None and path == "xla")) and plain_bytes > ctx.mem_limit:
-                    cells[name] = {"note": f"skipped (needs ≥ {bench.fmt_bytes(plain_bytes)})"}
+                    cells[name] = {"note": f"skipped (needs ≥ {harness.fmt_bytes(plain_bytes)})"}
                     continue
                 try:
-                    compiled, args = bench.compile_attention_pass(jax, fn, impl, (a1, a2, a3, cot), mode)
+                    compiled, args = compile_attention_pass(jax, fn, impl, (a1, a2, a3, cot), mode)
                 except Exception as e:  # cuDNN refuses some dtypes, shapes and platforms: the cell says so
                     cells[name] = {"note": f"n/a ({type(e).__name__})"}
                     continue
-                need = bench.compiled_bytes(compiled)
+                need = harness.compiled_bytes(compiled)
                 if need is not None and need > ctx.mem_limit:
-                    cells[name] = {"note": f"skipped (needs {bench.fmt_bytes(need)})"}
+                    cells[name] = {"note": f"skipped (needs {harness.fmt_bytes(need)})"}
                     continue
                 cells[name] = {"bytes": need}
-                ready[name] = bench.jax_call(ctx, compiled, *args)
+                ready[name] = harness.jax_call(ctx, compiled, *args)
             _log(f"attention: L={length} B={b} {mode}: {', '.join(ready)}")
             total = flops * (1 if mode == "fwd" else FWD_BWD_FLOPS)
-            for name, t in (bench.measure_interleaved(ctx, ready) if ready else {}).items():
+            for name, t in (harness.measure_interleaved(ctx, ready) if ready else {}).items():
                 cells[name].update(seconds=t.median, rounds=t.calls, tflops=total / t.median / 1e12)
             rec.row(length=length, batch=b, mode=mode, path=path, flops=total, cells=cells)
 
@@ -309,7 +312,7 @@ def _time_training(
     device = jax.local_devices()[0]
     data = [
         jax.device_put(bt, device)
-        for bt in bench._random_batches(ctx, 4, batch, length, step_cfg.model.tgt_vocab, seed=3)
+        for bt in random_batches(ctx, 4, batch, length, step_cfg.model.tgt_vocab, seed=3)
     ]
     tokens = [int(np.asarray(bt.tgt_len).sum()) for bt in data]
     _log(f"{label}: compiling ({param_count(step_cfg.model):,} parameters, batch {batch} x {length})")
@@ -319,10 +322,10 @@ def _time_training(
     t0 = time.perf_counter()
     compiled = train_step.lower(state, data[0], config=step_cfg).compile()
     compile_s = time.perf_counter() - t0
-    need = bench.compiled_bytes(compiled)
+    need = harness.compiled_bytes(compiled)
     if need is not None and need > ctx.mem_limit:
         raise MemoryError(
-            f"{label}: the train step needs {bench.fmt_bytes(need)} > {bench.fmt_bytes(ctx.mem_limit)}"
+            f"{label}: the train step needs {harness.fmt_bytes(need)} > {harness.fmt_bytes(ctx.mem_limit)}"
         )
     times, counted, cut = [], [], False
     for i in range(warmup + steps):
@@ -501,12 +504,12 @@ def _tf(cell: dict, peak: float | None) -> str:
     return f"{cell['tflops']:.3g}{frac}"
 
 
-def render(results: dict, peak: float | None, cpu_s: dict) -> list[bench.Section]:
-    """The Markdown sections (bench.Section, the harness's format) of the results."""
+def render(results: dict, peak: float | None, cpu_s: dict) -> list[harness.Section]:
+    """The Markdown sections (harness.Section, the benchmark's format) of the results."""
     out = []
     t = results.get("tests")
     if t:
-        sec = bench.Section(
+        sec = harness.Section(
             "1. Tests marked `gpu`",
             "`python -m pytest -q -m gpu -p no:cacheprovider tests` with `JAX_PLATFORMS` unset for JAX "
             "(tests/conftest.py otherwise pins the CPU).",
@@ -515,7 +518,7 @@ def render(results: dict, peak: float | None, cpu_s: dict) -> list[bench.Section
         out.append(("tests", sec))
     m = results.get("matmul")
     if m:
-        sec = bench.Section(
+        sec = harness.Section(
             "2. Matmul peak",
             "`jnp.matmul` of two random `n × n` matrices, 2n³ FLOPs; the fastest bfloat16 size is the peak "
             "that "
@@ -524,7 +527,7 @@ def render(results: dict, peak: float | None, cpu_s: dict) -> list[bench.Section
         sec.table(
             ["dtype", "n", "median", "TFLOP/s"],
             [
-                [r["dtype"], str(r["n"]), bench.fmt_time(r["seconds"]), f"{r['tflops']:.4g}"]
+                [r["dtype"], str(r["n"]), harness.fmt_time(r["seconds"]), f"{r['tflops']:.4g}"]
                 for r in m["rows"]
             ],
         )
@@ -532,13 +535,13 @@ def render(results: dict, peak: float | None, cpu_s: dict) -> list[bench.Section
     a = results.get("attention")
     if a:
         info = a.get("info", {})
-        sec = bench.Section(
+        sec = harness.Section(
             "3. bfloat16 attention TFLOP/s: attn_jax implementations vs jax.nn cuDNN",
             f"Self-attention T = S = L, no mask, H={info.get('heads')}, K={info.get('width')}, "
             f"B = max(1, {info.get('tokens')} // L); attn_jax `[B, H, L, K]`, jax.nn `[B, L, H, K]`. "
             "FLOPs as FlashAttention counts them: forward 4·B·H·L²·K, forward+backward 3.5× that (the VJP of "
             "q, k, v). Cells: TFLOP/s (fraction of the bfloat16 matmul peak of section 2); the variants of a "
-            "row are timed in alternation (`bench.measure_interleaved`).",
+            "row are timed in alternation (`harness.measure_interleaved`).",
         )
         header = ["L", "B", "pass", "default (path)"] + list(ATTN_VARIANTS[1:]) + ["default / jax.nn cudnn"]
         rows = []
@@ -565,7 +568,7 @@ def render(results: dict, peak: float | None, cpu_s: dict) -> list[bench.Section
         if not r:
             continue
         spec = "configs/rnnsearch50.py" if key == "rnnsearch" else "configs/gnmt_wmt14.py"
-        sec = bench.Section(
+        sec = harness.Section(
             title,
             f"`attn_jax.train.train_step` of `{spec}` (its model, optimiser and vocabularies: shortlist + 4 "
             "specials) on random batches of the config's batch size with S = T = max length and true lengths "
@@ -589,9 +592,9 @@ def render(results: dict, peak: float | None, cpu_s: dict) -> list[bench.Section
                     x["compute_dtype"],
                     f"{x['parameters']:,}",
                     f"{x['batch']} × {x['length']}",
-                    "?" if x["compiled_bytes"] is None else bench.fmt_bytes(x["compiled_bytes"]),
-                    bench.fmt_time(x["compile_s"]),
-                    bench.fmt_time(x["median_step_s"]),
+                    "?" if x["compiled_bytes"] is None else harness.fmt_bytes(x["compiled_bytes"]),
+                    harness.fmt_time(x["compile_s"]),
+                    harness.fmt_time(x["median_step_s"]),
                     f"{x['target_tokens_per_s']:,.0f}",
                     f"{x['positions_per_s']:,.0f}",
                     f"{x['steps_timed']}" + (f" of {x['steps_planned']} (cap)" if x["cut_by_cap"] else ""),
@@ -613,7 +616,7 @@ def render(results: dict, peak: float | None, cpu_s: dict) -> list[bench.Section
 
 
 def gpu_info(jax) -> list[tuple[str, str]]:
-    """What bench's machine table lacks for a GPU: the device, platform version, CUDA plugin and cuDNN."""
+    """What the benchmark's machine table lacks for a GPU: the device, platform version, CUDA plugin and cuDNN."""
     import importlib.metadata
 
     device = jax.devices()[0]
@@ -677,7 +680,7 @@ def summary_lines(results: dict, peak: float | None) -> list[str]:
         for x in (results.get(key) or {}).get("rows", []):
             out.append(
                 f"{key} {x['compute_dtype']}: {x['target_tokens_per_s']:,.0f} target tokens/s, step "
-                f"{bench.fmt_time(x['median_step_s'])} (B={x['batch']}, L={x['length']})"
+                f"{harness.fmt_time(x['median_step_s'])} (B={x['batch']}, L={x['length']})"
             )
     for k, r in results.items():
         if k != "tests" and r.get("error"):
@@ -689,7 +692,9 @@ def summary_lines(results: dict, peak: float | None) -> list[str]:
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", default=bench.DEFAULT_OUT, help="the RESULTS.md to update (default: %(default)s)")
+    p.add_argument(
+        "--out", default=harness.DEFAULT_OUT, help="the RESULTS.md to update (default: %(default)s)"
+    )
     p.add_argument("--json", default=None, help="the JSON to write (default: gpu_check.json beside --out)")
     p.add_argument(
         "--tiny", action="store_true", help="tiny sizes, write nothing (the CPU check; on a GPU a dry run)"
@@ -732,8 +737,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(
             "--tiny: every section once at tiny sizes on the GPU; RESULTS.md is left unchanged.", flush=True
         )
-    ctx = bench.Ctx(bench.QUICK, tiny, "gpu" if on_gpu else "cpu", jax, None, None, None, None, 0)
-    info = bench.machine_info(ctx) + (gpu_info(jax) if on_gpu else [])
+    ctx = harness.Ctx(harness.QUICK, tiny, "gpu" if on_gpu else "cpu", jax, None, None, None, None, 0)
+    info = harness.machine_info(ctx) + (gpu_info(jax) if on_gpu else [])
     start = time.perf_counter()
     results: dict[str, dict] = {}
     cpu_s: dict[str, float] = {}
@@ -761,10 +766,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             copy = os.path.join(tmp, "RESULTS.md")
             if os.path.exists(args.out):
                 shutil.copyfile(args.out, copy)
-            bench.write_results(copy, SECTION, body)
+            harness.write_results(copy, SECTION, body)
             with open(copy, encoding="utf-8") as f:
                 text = f.read()
-        if text.count(bench._marker(SECTION)) != 1 or text.count(bench._marker(SECTION, end=True)) != 1:
+        if text.count(section_marker(SECTION)) != 1 or text.count(section_marker(SECTION, end=True)) != 1:
             failed.append("writing the section into a copy of RESULTS.md")
         print(
             f"Tiny check {'FAILED: ' + ', '.join(failed) if failed else 'passed'} ({total:.0f} s); "
@@ -772,7 +777,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             flush=True,
         )
         return 1 if failed else 0
-    bench.write_results(args.out, SECTION, body)
+    harness.write_results(args.out, SECTION, body)
     json_path = args.json or os.path.join(os.path.dirname(os.path.abspath(args.out)), "gpu_check.json")
     with open(json_path, "w", encoding="utf-8") as f:
         json.dump(

@@ -1,0 +1,226 @@
+"""Row 4: RNNsearch training throughput of attn_jax against two PyTorch peers."""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import time
+
+from harness import Ctx, Section, fmt_ratio, fmt_time, torch_sync, verdict
+
+from rows.rnnsearch import ADAM_EPS, CLIP_NORM, LEARNING_RATE, random_batches, step_config
+
+# Targets (README.md says where each comes from).
+TRAIN_SPEEDUP_MIN = 1.2  # >= 1.2x the fused-GRU PyTorch peer (aim 1.5x)
+
+
+def row_training(ctx: Ctx) -> Section:
+    """RNNsearch train tokens/s in attn_jax (train_step) vs two PyTorch RNNsearch peers (torch_peers)."""
+    from attn_jax.models import RNNConfig
+
+    s = ctx.sizes
+    cfg = step_config(ctx).model
+    usable = ctx.torch.get_num_threads() if ctx.torch else 1
+    sec = Section(
+        "4. RNNsearch training throughput: attn_jax vs PyTorch",
+        "RNNsearch (additive scorer), batches of random tokens with random true lengths in [L/2, L]; "
+        f"Adam (lr {LEARNING_RATE:g}, ε {ADAM_EPS:g}) with global-norm clipping at {CLIP_NORM:g}; the same "
+        "batches on every side, 2 warm-up steps, then the timed steps interleaved side by side (one step of each "
+        "in turn), median step time. attn_jax: `attn_jax.train.train_step` (jitted, state donated; each step's "
+        f"metrics fetched, as the training loop does; XLA uses all {usable} usable cores). PyTorch, eager: "
+        "`torch_peers.TorchRNNsearchFused`, RNNsearch as a PyTorch user writes it (one bidirectional `nn.GRU` over "
+        "a packed batch, an `nn.GRUCell` decoder, `nn.Linear` scorer and deep output), at 1 and 2 threads -- the "
+        "speed peer the target is checked against, at its faster thread count; and `torch_peers.TorchRNNsearch`, "
+        "the paper's GRU written out with attn_jax's exact parameters, which must reproduce attn_jax's losses "
+        f"(a check that both sides train the same function). Target: attn_jax / fused peer ≥ {TRAIN_SPEEDUP_MIN} "
+        "(aim 1.5), at the bench size and at the paper-like size.",
+    )
+    sizes = [("bench size", cfg, s.train_batch, s.train_length, s.train_steps)]
+    if s.paper_train is not None:
+        vocab, m, n, lo, a, batch, length, steps = s.paper_train
+        sizes.append(
+            (
+                "paper-like size",
+                RNNConfig(src_vocab=vocab, tgt_vocab=vocab, embed=m, hidden=n, maxout=lo, align=a),
+                batch,
+                length,
+                steps,
+            )
+        )
+    for label, model_cfg, batch, length, steps in sizes:
+        _training_at(ctx, sec, label, model_cfg, batch, length, steps)
+    sec.notes.append(
+        "The written-out peer's parameter count is asserted equal to attn_jax's; the fused peer has 9n more "
+        "(`nn.GRU`/`nn.GRUCell` carry a second bias per gate) and applies the reset gate after U, so only its "
+        "speed is compared. Its thread count is set with `torch.set_num_threads` around each of its steps."
+    )
+    return sec
+
+
+WRITTEN = "PyTorch, paper GRU written out"  # the numerical peer: attn_jax's exact function
+FUSED = "PyTorch, fused nn.GRU"  # the speed peer
+
+
+def _training_at(ctx: Ctx, sec: Section, label: str, cfg, batch: int, length: int, steps: int) -> None:
+    """One size of row 4: a table of every side's tokens/s and a table of ratios, appended to ``sec``."""
+    from attn_jax.train import init_train_state
+
+    jax = ctx.jax
+    step_cfg = dataclasses.replace(step_config(ctx), model=cfg)
+    usable = ctx.torch.get_num_threads()
+    threads = sorted({1, min(2, usable)})
+    ctx.log(f"row 4 ({label}): V={cfg.tgt_vocab} m={cfg.embed} n={cfg.hidden} B={batch} L={length}")
+
+    batches = random_batches(ctx, 4, batch, length, cfg.tgt_vocab, seed=3)
+    warmup = 2
+    schedule = [batches[i % len(batches)] for i in range(warmup + steps)]
+    tokens = sum(int(bt.tgt_len.sum()) for bt in schedule[warmup:])
+
+    state = jax.device_put(init_train_state(step_cfg, 0), jax.local_devices()[0])
+    sides, params = _torch_sides(ctx, cfg, jax.device_get(state.params), threads, usable)
+    times, losses = _interleaved_steps(ctx, label, state, step_cfg, sides, schedule, usable)
+
+    def tps(key) -> float:
+        return tokens / (statistics.median(times[key][warmup:]) * steps)
+
+    sec.table(
+        [
+            f"{label}: V={cfg.tgt_vocab}, m={cfg.embed}, n={cfg.hidden}, l={cfg.maxout}, A={cfg.align}, "
+            f"B={batch}, L={length}, {steps} timed steps",
+            "threads",
+            "parameters",
+            "target tokens/s",
+            "median step",
+            "first step",
+            "loss step 1",
+            f"loss step {len(schedule)}",
+        ],
+        [
+            [
+                name,
+                str(t),
+                f"{params[name]:,}",
+                f"{tps((name, t)):,.0f}",
+                fmt_time(statistics.median(times[(name, t)][warmup:])),
+                fmt_time(times[(name, t)][0]),
+                f"{losses[(name, t)][0]:.5f}",
+                f"{losses[(name, t)][-1]:.5f}",
+            ]
+            for name, t in times
+        ],
+    )
+    sec.table(["quantity", "value", "target", "status"], _ratio_rows(tps, losses, threads, usable))
+
+
+def _torch_sides(ctx: Ctx, cfg, jax_params, threads: list[int], usable: int):
+    """The PyTorch train steps, keyed ``(peer, threads)``, and every side's parameter count.
+
+    The written-out peer starts from attn_jax's parameters and must have as many; each fused peer (one per
+    thread count) starts from the same seed.
+    """
+    import torch_peers
+
+    from attn_jax.train import param_count
+
+    torch = ctx.torch
+    dims = (cfg.src_vocab, cfg.tgt_vocab, cfg.embed, cfg.hidden, cfg.maxout, cfg.align)
+    written = torch_peers.TorchRNNsearch(*dims)
+    torch_peers.load_jax_params(written, jax_params)
+    n_jax, n_written = param_count(cfg), torch_peers.param_count(written)
+    if n_jax != n_written:  # the loss check is meaningless unless the two networks are the same
+        raise AssertionError(f"parameter counts differ: attn_jax {n_jax:,} vs PyTorch {n_written:,}")
+    fused = {}
+    for t in threads:
+        torch.manual_seed(0)
+        fused[t] = torch_peers.TorchRNNsearchFused(*dims)
+    n_fused = torch_peers.param_count(fused[threads[0]])
+    tdev = ctx.torch_device or "cpu"
+    for mdl in (written, *fused.values()):
+        mdl.to(tdev)
+    opt = dict(learning_rate=LEARNING_RATE, clip_norm=CLIP_NORM, eps=ADAM_EPS)
+    sides = {(WRITTEN, usable): torch_peers.make_train_step(written, **opt)}
+    for t in threads:
+        sides[(FUSED, t)] = torch_peers.make_train_step(fused[t], **opt)
+    return sides, {"attn_jax": n_jax, WRITTEN: n_written, FUSED: n_fused}
+
+
+def _torch_batch(ctx: Ctx, bt):
+    """A ``Batch`` as the PyTorch peers' ``(src, src_mask, tgt_in, tgt_out, tgt_mask)`` tensors."""
+    np, torch, tdev = ctx.np, ctx.torch, ctx.torch_device or "cpu"
+    return tuple(
+        torch.from_numpy(x).to(tdev)
+        for x in (
+            bt.src.astype(np.int64),
+            bt.src_mask,
+            bt.tgt_in.astype(np.int64),
+            bt.tgt_out.astype(np.int64),
+            bt.tgt_mask,
+        )
+    )
+
+
+def _interleaved_steps(ctx: Ctx, label: str, state, step_cfg, sides, schedule, usable: int):
+    """Every batch of ``schedule`` through attn_jax's train_step, then each PyTorch side at its thread count.
+
+    Returns the seconds and the loss of every step, keyed like ``sides`` plus ``("attn_jax", usable)``.
+    """
+    from attn_jax.train import train_step
+
+    jax, torch = ctx.jax, ctx.torch
+    device = jax.local_devices()[0]
+    times = {k: [] for k in [("attn_jax", usable), *sides]}
+    losses = {k: [] for k in times}
+    sync = torch_sync(ctx)
+    for i, bt in enumerate(schedule):
+        t0 = time.perf_counter()
+        state, metrics = train_step(state, jax.device_put(bt, device), step_cfg)
+        m = jax.device_get(metrics)
+        times[("attn_jax", usable)].append(time.perf_counter() - t0)
+        losses[("attn_jax", usable)].append(float(m.loss.loss / m.loss.tokens))
+        tb = _torch_batch(ctx, bt)
+        for (name, t), step in sides.items():
+            torch.set_num_threads(t)
+            try:
+                t0 = time.perf_counter()
+                losses[(name, t)].append(step(*tb))
+                if sync:
+                    sync()
+                times[(name, t)].append(time.perf_counter() - t0)
+            finally:
+                torch.set_num_threads(usable)
+        ctx.log(f"row 4 ({label}): step {i + 1}/{len(schedule)}")
+    return times, losses
+
+
+def _ratio_rows(tps, losses, threads: list[int], usable: int) -> list[list[str]]:
+    """attn_jax against each peer, the target checked against the faster fused peer; the loss agreement."""
+    jax_tps = tps(("attn_jax", usable))
+    fused_tps = {t: tps((FUSED, t)) for t in threads}
+    best = max(fused_tps, key=fused_tps.get)
+    written_key = (WRITTEN, usable)
+    loss_diff = max(
+        abs(a - b) / abs(b) for a, b in zip(losses[("attn_jax", usable)], losses[written_key], strict=True)
+    )
+    rows = [
+        [
+            f"attn_jax / fused peer at {t} thread{'s' if t > 1 else ''}",
+            fmt_ratio(jax_tps / fused_tps[t]),
+            "(info)",
+            "—",
+        ]
+        for t in threads
+    ]
+    rows[threads.index(best)][2:] = [
+        f"≥ {TRAIN_SPEEDUP_MIN} (aim 1.5) against the faster",
+        verdict(jax_tps / fused_tps[best] >= TRAIN_SPEEDUP_MIN),
+    ]
+    rows.append(["attn_jax / written-out peer", fmt_ratio(jax_tps / tps(written_key)), "(info)", "—"])
+    rows.append(
+        [
+            "max relative loss difference, attn_jax vs written-out peer",
+            f"{loss_diff:.1e}",
+            "(same function)",
+            "—",
+        ]
+    )
+    return rows
