@@ -501,33 +501,7 @@ def _search(
 
     def decode(dec_states, prev):
         """One position for every model: averaged log-probs ``[B, K, V]``, new states, attention ``[B, K, S]``."""
-        logps, new_states, attns = [], [], []
-        for i, (m, enc, dec) in enumerate(zip(models, encs, dec_states, strict=True)):
-            logits, dec, attn = m.decode_step(enc, dec, prev)
-            if logits.ndim != 2 or logits.shape[0] != batch * k:
-                raise ValueError(f"model {i}: decode_step logits must be [B*K, V], got {list(logits.shape)}")
-            if logps and logits.shape[-1] != logps[0].shape[-1]:
-                raise ValueError(
-                    f"ensemble members disagree on the target vocabulary: model 0 has "
-                    f"{logps[0].shape[-1]} words, model {i} has {logits.shape[-1]}"
-                )
-            if attn is not None and tuple(attn.shape) != (batch * k, src_len):
-                raise ValueError(
-                    f"model {i}: decode_step attention must be [B*K, S] = {[batch * k, src_len]}, "
-                    f"got {list(attn.shape)}"
-                )
-            logps.append(jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1))
-            new_states.append(dec)
-            if attn is not None:
-                attns.append(attn.astype(jnp.float32))
-        vocab = logps[0].shape[-1]
-        if max(bos_id, eos_id, pad_id) >= vocab:
-            raise ValueError(
-                f"token ids bos={bos_id} eos={eos_id} pad={pad_id} must be < the vocabulary size {vocab}"
-            )
-        logp = (sum(logps) / len(logps)).reshape(batch, k, vocab)
-        attn = None if not attns else (sum(attns) / len(attns)).reshape(batch, k, src_len)
-        return logp, tuple(new_states), attn
+        return ensemble_step(models, encs, dec_states, prev, (batch, k, src_len), (bos_id, eos_id, pad_id))
 
     def advance(t, alive: _Alive, fin: _Finished, logp, new_states, attn):
         """Extend every alive hypothesis by one token: offer the ``</s>`` ones, keep the best ``K`` others."""
@@ -669,3 +643,41 @@ _search_jit = jax.jit(
         "min_length",
     ),
 )
+
+
+def ensemble_step(models, encs, dec_states, prev, shape: tuple[int, int, int], special: tuple[int, int, int]):
+    """One decoding position for every ensemble member: the members' log-softmax averaged ``[B, K, V]``, their
+    new states, and their attention averaged ``[B, K, S]`` (None when no member returns one).
+
+    ``shape`` is ``(B, K, S)``, the rows being ``B·K`` hypotheses; ``special`` is ``(bos, eos, pad)``, each
+    checked against the vocabulary. Beam search and sampling share it, so both check members alike.
+    """
+    batch, k, src_len = shape
+    logps, new_states, attns = [], [], []
+    for i, (m, enc, dec) in enumerate(zip(models, encs, dec_states, strict=True)):
+        logits, dec, attn = m.decode_step(enc, dec, prev)
+        if logits.ndim != 2 or logits.shape[0] != batch * k:
+            raise ValueError(f"model {i}: decode_step logits must be [B*K, V], got {list(logits.shape)}")
+        if logps and logits.shape[-1] != logps[0].shape[-1]:
+            raise ValueError(
+                f"ensemble members disagree on the target vocabulary: model 0 has "
+                f"{logps[0].shape[-1]} words, model {i} has {logits.shape[-1]}"
+            )
+        if attn is not None and tuple(attn.shape) != (batch * k, src_len):
+            raise ValueError(
+                f"model {i}: decode_step attention must be [B*K, S] = {[batch * k, src_len]}, "
+                f"got {list(attn.shape)}"
+            )
+        logps.append(jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1))
+        new_states.append(dec)
+        if attn is not None:
+            attns.append(attn.astype(jnp.float32))
+    vocab = logps[0].shape[-1]
+    if max(special) >= vocab:
+        bos_id, eos_id, pad_id = special
+        raise ValueError(
+            f"token ids bos={bos_id} eos={eos_id} pad={pad_id} must be < the vocabulary size {vocab}"
+        )
+    logp = (sum(logps) / len(logps)).reshape(batch, k, vocab)
+    attn = None if not attns else (sum(attns) / len(attns)).reshape(batch, k, src_len)
+    return logp, tuple(new_states), attn

@@ -26,6 +26,7 @@ from attn_jax.decoding._beam import (
     _check_limits,
     _check_models,
     _is_int,
+    ensemble_step,
     output_length,
 )
 from attn_jax.models.interface import check_source, repeat_batch
@@ -329,33 +330,7 @@ def _sample(
 
     def decode(dec_states, prev):
         """One position for every model: averaged log-probs ``[B, N, V]``, new states, attention ``[B, N, S]``."""
-        logps, new_states, attns = [], [], []
-        for i, (m, enc, dec) in enumerate(zip(models, encs, dec_states, strict=True)):
-            logits, dec, attn = m.decode_step(enc, dec, prev)
-            if logits.ndim != 2 or logits.shape[0] != rows:
-                raise ValueError(f"model {i}: decode_step logits must be [B*N, V], got {list(logits.shape)}")
-            if logps and logits.shape[-1] != logps[0].shape[-1]:
-                raise ValueError(
-                    f"ensemble members disagree on the target vocabulary: model 0 has "
-                    f"{logps[0].shape[-1]} words, model {i} has {logits.shape[-1]}"
-                )
-            if attn is not None and tuple(attn.shape) != (rows, src_len):
-                raise ValueError(
-                    f"model {i}: decode_step attention must be [B*N, S] = {[rows, src_len]}, "
-                    f"got {list(attn.shape)}"
-                )
-            logps.append(jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1))
-            new_states.append(dec)
-            if attn is not None:
-                attns.append(attn.astype(jnp.float32))
-        vocab = logps[0].shape[-1]
-        if max(bos_id, eos_id, pad_id) >= vocab:
-            raise ValueError(
-                f"token ids bos={bos_id} eos={eos_id} pad={pad_id} must be < the vocabulary size {vocab}"
-            )
-        logp = (sum(logps) / len(logps)).reshape(batch, n, vocab)
-        attn = None if not attns else (sum(attns) / len(attns)).reshape(batch, n, src_len)
-        return logp, tuple(new_states), attn
+        return ensemble_step(models, encs, dec_states, prev, (batch, n, src_len), (bos_id, eos_id, pad_id))
 
     def advance(t, smp: _Samples, logp, new_states, attn) -> _Samples:
         """Draw position ``t`` of every live sample; end it at its ``</s>`` or its limit."""
