@@ -17,6 +17,7 @@ from attn_jax.train import (
     apply_overrides,
     check_config,
     default_config,
+    describe_copy,
     eval_step,
     init_train_state,
     loss_sums,
@@ -267,7 +268,8 @@ def test_trainer_inputs_carry_extended_ids(tmp_path):
     assert (
         f"{unknown:,} training target words are outside the target vocabulary; {copies:,} of them occur in "
         f"their source and are learnt as copies, {unknown - copies:,} stay <unk>"
-    ) in inputs.copy_line, inputs.copy_line
+    ) in describe_copy(inputs.copy_counts)
+    assert inputs.copy_counts[1:3] == (unknown, copies)
     model = model_config(config, inputs.src_vocab.size, v)
     cfg = StepConfig(model=model, optimizer=OptimizerConfig(name="adam", learning_rate=0.01))
     state = init_train_state(cfg, jnp.int32(0))

@@ -11,6 +11,7 @@ from attn_jax.cli._average import add_average_parser
 from attn_jax.cli._data import add_data_parser
 from attn_jax.cli._evaluate import add_evaluate_parser
 from attn_jax.cli._export import add_export_parser
+from attn_jax.cli._noise import add_verbose_flag, debug_log_path, route_library_noise
 from attn_jax.cli._score import add_score_parser
 from attn_jax.cli._train import add_train_parser
 from attn_jax.cli._translate import add_translate_parser
@@ -55,19 +56,30 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     add_data_parser(subparsers)
     add_train_parser(subparsers)
-    add_translate_parser(subparsers)
-    add_evaluate_parser(subparsers)
-    add_score_parser(subparsers)
-    add_average_parser(subparsers)
-    add_export_parser(subparsers)
+    readers = (
+        add_translate_parser,
+        add_evaluate_parser,
+        add_score_parser,
+        add_average_parser,
+        add_export_parser,
+    )
+    for add_reader in readers:
+        add_verbose_flag(add_reader(subparsers))
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``attn-jax``; returns the exit status."""
+    from_command_line = argv is None
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     args.argv = argv  # a multi-process train re-runs itself as its worker (attn_jax/cli/_supervise.py)
+    undo = None
+    if getattr(args, "library_noise", False) and not args.verbose:
+        # An ensemble's first run keeps the log (``--workdir`` repeats for translate, evaluate and score).
+        workdir = args.workdir[0] if isinstance(args.workdir, list) else args.workdir
+        path = debug_log_path(workdir, args.command)
+        undo = route_library_noise(workdir, args.command, path=path)
     try:
         return args.func(args)
     except ModuleNotFoundError as e:  # an optional package the subcommand imports on its way
@@ -76,6 +88,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         print(f"attn-jax {args.command}: error: needs {message}", file=sys.stderr)
         return 1
+    finally:
+        if undo is not None and not from_command_line:
+            undo()  # a call from Python gets its hooks back; a command keeps them for the reports at exit
 
 
 if __name__ == "__main__":

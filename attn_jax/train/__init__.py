@@ -51,9 +51,12 @@ from attn_jax.train._coverage import coverage_loss
 from attn_jax.train._diagnostics import DIAG_BAND, AttentionStats, attention_stats, summarize_attention
 from attn_jax.train._early_stopping import EarlyStopping, early_stopping_update
 from attn_jax.train._inputs import (
+    CopyCounts,
     Inputs,
     SplitReport,
     data_state,
+    describe_copy,
+    describe_packing,
     describe_split,
     load_corpus,
     make_inputs,
@@ -125,6 +128,7 @@ __all__ = [
     "GradSums",
     "HostAllocator",
     "EventWriter",
+    "CopyCounts",
     "Inputs",
     "LossSums",
     "AlignmentSums",
@@ -154,6 +158,8 @@ __all__ = [
     "config_help",
     "coverage_loss",
     "default_config",
+    "describe_copy",
+    "describe_packing",
     "describe_split",
     "early_stopping_update",
     "ema_decay_at",

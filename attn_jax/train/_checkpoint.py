@@ -98,7 +98,7 @@ def failure_reason(error: BaseException) -> str:
         text = f"{error.strerror}: {error.filename}" if error.filename else error.strerror
     else:
         text = str(error).strip().splitlines()[0] if str(error).strip() else ""
-    text = " ".join(text.split())
+    text = " ".join(text.split()).split(" [tensorstore_spec=")[0]  # the spec repeats the path, as JSON
     if len(text) > 300:  # TensorStore puts the cause (``No space left on device``) last
         text = f"{text[:120]} ... {text[-170:]}"
     return f"{type(error).__name__}: {text}" if text else type(error).__name__

@@ -31,10 +31,13 @@ from attn_jax import data
 from attn_jax.train._config import ConfigError, batch_configs, has_eval_split, synthetic_spec
 
 __all__ = [
+    "CopyCounts",
     "Inputs",
     "SplitReport",
     "data_state",
     "describe_batches",
+    "describe_copy",
+    "describe_packing",
     "describe_split",
     "load_corpus",
     "make_inputs",
@@ -435,6 +438,43 @@ def describe_batches(config: ml_collections.ConfigDict, stats: list[data.BucketS
     return lines
 
 
+class CopyCounts(NamedTuple):
+    """``model.copy``: unknown target words of the training pairs read (before the length filter), and what
+    became of them.
+
+    Attributes:
+      pairs: training pairs counted.
+      unknown: target words outside the target vocabulary.
+      copies: of those, the words that occur in their source: learnt as copies (the rest stay ``<unk>``).
+      source_oov: source words outside the target vocabulary.
+    """
+
+    pairs: int
+    unknown: int
+    copies: int
+    source_oov: int
+
+
+def describe_copy(counts: CopyCounts) -> str:
+    """The start-up line of ``model.copy``: how many unknown target words are learnt as copies."""
+    return (
+        f"data: copying (model.copy), counted over the {counts.pairs:,} training pairs read (before the "
+        f"length filter): {counts.unknown:,} training target words are outside the target vocabulary; "
+        f"{counts.copies:,} of them occur in their source and are learnt as copies, "
+        f"{counts.unknown - counts.copies:,} stay <unk>; "
+        f"{counts.source_oov:,} source words are outside the target vocabulary"
+    )
+
+
+def describe_packing(packing: data.Packing, rows: int) -> str:
+    """The start-up line of ``data.pack``: the packing's summary and the target tokens a batch of ``rows``."""
+    per_row = packing.tgt_used / max(len(packing.rows), 1)  # real target positions a row
+    return (
+        f"data: {packing.summary()}; {rows} rows a batch, about {rows * per_row:,.0f} target tokens a batch "
+        "(data.pack)"
+    )
+
+
 class Inputs(NamedTuple):
     """Vocabularies, the training iterator and the (materialised) validation batches."""
 
@@ -450,8 +490,11 @@ class Inputs(NamedTuple):
     train_report: SplitReport | None = None  # every pair read, kept or dropped and why
     validation_report: SplitReport | None = None  # None: no validation split (data.eval_split=none)
     vocab_line: str = ""  # how the vocabularies were learnt ("": one word list per language, or reloaded)
-    pack_line: str = ""  # data.pack: how the training pairs were packed ("": not packed)
-    copy_line: str = ""  # model.copy: target words outside the vocabulary, learnt as copies or left <unk>
+    packing: data.Packing | None = None  # data.pack: how the training pairs were packed (None: not packed)
+    packed_rows: int = 0  # data.pack: rows a training batch
+    copy_counts: CopyCounts | None = (
+        None  # model.copy: target words outside the vocabulary (None: no copying)
+    )
     batch_stats: tuple[data.BucketStats, ...] = ()  # data.batch_tokens: what each bucket's batches hold
     # The validation pairs the length filter keeps, as text (sources, references): what validation translates.
     validation_text: tuple[list[str], list[str]] = ([], [])
@@ -553,24 +596,13 @@ def make_inputs(
             f"data.batch_tokens={d.batch_tokens}: {e} (the batch multiple is the data axis)"
         ) from None
     batch_stats = tuple(train_it.plan.bucket_stats(train_encoded)) if train_cfg.tokens_per_batch else ()
-    copy_line = ""
+    copy_counts = None
     if copy:  # never silent: how many unknown target words became copy labels, how many stay <unk>
-        unknown = int(np.sum(train_encoded.tgt_tokens == data.UNK_ID))
-        copies = int(np.sum(train_encoded.tgt_ext_tokens >= tgt_vocab.size))
-        src_oov = int(np.sum(train_encoded.src_ext_tokens >= tgt_vocab.size))
-        copy_line = (
-            f"data: copying (model.copy), counted over the {len(train_encoded):,} training pairs read (before the "
-            f"length filter): {unknown:,} training target words are outside the target vocabulary; "
-            f"{copies:,} of them occur in their source and are learnt as copies, {unknown - copies:,} stay <unk>; "
-            f"{src_oov:,} source words are outside the target vocabulary"
-        )
-    pack_line = ""
-    if d.pack:
-        packing, rows = train_it.plan.packing, train_it.plan.buckets[0].batch_size
-        per_row = packing.tgt_used / max(len(packing.rows), 1)  # real target positions a row
-        pack_line = (
-            f"data: {packing.summary()}; {rows} rows a batch, about {rows * per_row:,.0f} target tokens a batch "
-            "(data.pack)"
+        copy_counts = CopyCounts(
+            pairs=len(train_encoded),
+            unknown=int(np.sum(train_encoded.tgt_tokens == data.UNK_ID)),
+            copies=int(np.sum(train_encoded.tgt_ext_tokens >= tgt_vocab.size)),
+            source_oov=int(np.sum(train_encoded.src_ext_tokens >= tgt_vocab.size)),
         )
     if prepared is not None:  # counted while preparing, by the same rule as _split_report
         c = prepared.manifest["counts"]
@@ -613,8 +645,9 @@ def make_inputs(
         train_report=train_report,
         validation_report=validation_report,
         vocab_line=vocab_line,
-        pack_line=pack_line,
-        copy_line=copy_line,
+        packing=train_it.plan.packing if d.pack else None,
+        packed_rows=train_it.plan.buckets[0].batch_size if d.pack else 0,
+        copy_counts=copy_counts,
         batch_stats=batch_stats,
         validation_text=validation_text,
     )

@@ -90,6 +90,8 @@ from attn_jax.train._early_stopping import EarlyStopping, early_stopping_update
 from attn_jax.train._inputs import (
     data_state,
     describe_batches,
+    describe_copy,
+    describe_packing,
     describe_split,
     make_inputs,
     resolve_prepared_dir,
@@ -740,12 +742,12 @@ def _data_lines(config: ml_collections.ConfigDict, inputs) -> list[str]:
     lines = [describe_split(inputs.train_report, "training", d, unit)]
     if inputs.vocab_line:
         lines.insert(0, inputs.vocab_line)
-    if inputs.pack_line:
-        lines.append(inputs.pack_line)
+    if inputs.packing is not None:
+        lines.append(describe_packing(inputs.packing, inputs.packed_rows))
     if inputs.batch_stats:
         lines.extend(describe_batches(config, inputs.batch_stats))
-    if inputs.copy_line:
-        lines.append(inputs.copy_line)
+    if inputs.copy_counts is not None:
+        lines.append(describe_copy(inputs.copy_counts))
     v = inputs.validation_report
     if v is None:
         lines.append(
