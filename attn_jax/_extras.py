@@ -24,6 +24,9 @@ EXTRA_OF = {
     "sacrebleu": "eval",
     "sacremoses": "eval",
     "matplotlib": "eval",
+    "starlette": "serve",
+    "uvicorn": "serve",
+    "httpx": "serve",
 }
 
 

@@ -1,4 +1,4 @@
-"""The ``attn-jax`` command: one argparse subcommand per task (``data``, ``train``, ``translate``, ``evaluate``, ``score``, ``average``, ``export``)."""
+"""The ``attn-jax`` command: one argparse subcommand per task (``data``, ``train``, ``translate``, ``evaluate``, ``score``, ``average``, ``export``, ``serve``)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from attn_jax.cli._evaluate import add_evaluate_parser
 from attn_jax.cli._export import add_export_parser
 from attn_jax.cli._noise import add_verbose_flag, debug_log_path, route_library_noise
 from attn_jax.cli._score import add_score_parser
+from attn_jax.cli._serve import add_serve_parser
 from attn_jax.cli._train import add_train_parser
 from attn_jax.cli._translate import add_translate_parser
 
@@ -65,6 +66,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     for add_reader in readers:
         add_verbose_flag(add_reader(subparsers))
+    # A server keeps the libraries' reports (uvicorn's, asyncio's) on stderr, where its operator reads them.
+    add_serve_parser(subparsers)
     return parser
 
 

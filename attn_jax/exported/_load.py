@@ -168,6 +168,8 @@ class ExportedModel:
       platforms: the platforms the search was lowered for.
       max_source_tokens: the longest source sentence (tokens, ``</s>`` not counted) the export can take.
       last_report: the :class:`LimitReport` of the last :meth:`translate` call (None before the first).
+      last_stopped_at_limit: for each line of the last :meth:`translate` call, whether its translation stopped
+        at the length limit (False for a blank line).
     """
 
     def __init__(self, directory: str, manifest: dict[str, Any], functions: dict, params: list) -> None:
@@ -176,6 +178,7 @@ class ExportedModel:
         self.platforms = tuple(manifest["platforms"])
         self.max_source_tokens = max(manifest["source_widths"]) - 1
         self.last_report: LimitReport | None = None
+        self.last_stopped_at_limit: list[bool] = []
         self._functions = functions  # {(mode, width): jitted call of the deserialized search}
         self._params = params
         vocab = manifest["vocab"]
@@ -224,7 +227,7 @@ class ExportedModel:
                     f"this export takes (export again with --max-source-length {len(encoded[i])} or more)"
                 )
         out = [""] * len(lines)
-        stopped = 0
+        cut = [False] * len(lines)
         for members, width, rows in _length_batches([len(encoded[i]) + 1 for i in todo], size):
             sentences = [encoded[todo[c]] for c in members]
             src, mask = _pad_rows(sentences, width, rows)
@@ -237,8 +240,9 @@ class ExportedModel:
             for r, c in enumerate(members):
                 n = int(lengths[r, 0])
                 out[todo[c]] = self._tgt.decode([int(t) for t in tokens[r, 0, : max(n - 1, 0)]])
-                stopped += bool(truncated[r, 0])
-        self.last_report = LimitReport(len(todo), stopped, self.manifest["length_limit"]["rule"])
+                cut[todo[c]] = bool(truncated[r, 0])
+        self.last_stopped_at_limit = cut
+        self.last_report = LimitReport(len(todo), sum(cut), self.manifest["length_limit"]["rule"])
         message = self.last_report.message()
         if message:
             warnings.warn(message, stacklevel=2)
