@@ -315,3 +315,21 @@ def test_served_run_translates_as_translate(run_and_translate):
     assert whole.json()["stopped_at_limit"] == [0, 1, 3, 4, 5]
     assert bad.status_code == 422 and bad.json()["error"] == "beam must be >= 1, got 0"
     assert m["batches"] >= 2 and m["sentences"] == 2 * len(sentences)
+
+
+def test_served_export_translates_as_translate_and_refuses_other_options(run_and_translate, tmp_path):
+    from attn_jax.serve import ExportTranslator
+
+    run, sentences, expected = run_and_translate
+    assert main(["export", "--workdir", run, "--output", str(tmp_path / "x"), "--beam", "3"]) == 0
+    app = build_app(ExportTranslator(str(tmp_path / "x")))
+    with serving(app) as url, httpx.Client(base_url=url, timeout=120) as client:
+        got = client.post("/translate", json={"sentences": sentences, "beam": 3, "alpha": 0.6})
+        other = client.post("/translate", json={"sentences": ["a"], "beam": 4})
+        fixed = client.post("/translate", json={"sentences": ["a"], "max_length": 4})
+        long = client.post("/translate", json={"sentences": ["a " * 16]})
+    assert got.status_code == 200 and got.json()["translations"] == expected
+    assert got.json()["stopped_at_limit"] == [0, 1, 3, 4, 5]
+    assert other.status_code == 422 and "'beam' is 3 in the export, got 4" in other.json()["error"]
+    assert fixed.status_code == 422 and "fixed in the export" in fixed.json()["error"]
+    assert long.status_code == 413 and long.json()["reason"] == "sentence_too_long"
