@@ -75,6 +75,10 @@ class Sizes:
     # row 8: generated plain-text corpora (pairs) trained from prepared data; in memory too up to the second
     corpus_sizes: tuple[int, ...] = (10**5, 10**6, 5 * 10**6)
     corpus_in_memory_up_to: int = 10**6
+    # row 9: sentences (one a request) sent at each number of concurrent clients, and the time bound of a level
+    serve_requests: int = 1000
+    serve_concurrency: tuple[int, ...] = (1, 8, 32)
+    serve_time_s: float = 180.0
 
 
 FULL = Sizes(
@@ -145,6 +149,8 @@ QUICK = Sizes(
     compile_steps=6,
     corpus_sizes=(1000, 4000),
     corpus_in_memory_up_to=1000,
+    serve_requests=128,
+    serve_time_s=60.0,
 )
 
 
