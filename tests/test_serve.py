@@ -333,3 +333,20 @@ def test_served_export_translates_as_translate_and_refuses_other_options(run_and
     assert other.status_code == 422 and "'beam' is 3 in the export, got 4" in other.json()["error"]
     assert fixed.status_code == 422 and "fixed in the export" in fixed.json()["error"]
     assert long.status_code == 413 and long.json()["reason"] == "sentence_too_long"
+
+
+def test_a_body_over_the_limit_is_refused_declared_or_chunked():
+    app = build_app(Echo(), limits=Limits(max_sentences=2, max_body_bytes=100), max_queue=4)
+    body = json.dumps({"sentences": ["a" * 200]}).encode()
+
+    def chunks():
+        yield body[:50]
+        yield body[50:]
+
+    with serving(app) as url, httpx.Client(base_url=url, timeout=10) as client:
+        declared = client.post("/translate", content=body)
+        chunked = client.post("/translate", content=chunks())
+        m = client.get("/metrics").json()
+    assert declared.status_code == chunked.status_code == 413
+    assert declared.json()["reason"] == chunked.json()["reason"] == "body_too_large"
+    assert m["refused_by_reason"] == {"body_too_large": 2}

@@ -188,6 +188,10 @@ class ExportedModel:
         self._rule = (int(rule["minimum"]), float(rule["ratio"]), int(rule["offset"]))
         self._cap = rule["model_cap"]
 
+    def source_length(self, line: str) -> int:
+        """Source tokens of ``line`` as :meth:`translate` reads it (``</s>`` not counted)."""
+        return len(self._src.encode(line))
+
     def translate(
         self, lines: Sequence[str], *, greedy: bool = False, batch_size: int | None = None
     ) -> list[str]:

@@ -85,8 +85,18 @@ def build_app(
                 f"the body has {declared} bytes, over the limit of {limits.max_body_bytes}",
                 start,
             )
+        body = bytearray()
+        async for chunk in request.stream():  # a chunked body has no length to check first
+            body += chunk
+            if len(body) > limits.max_body_bytes:
+                return refuse(
+                    413,
+                    "body_too_large",
+                    f"the body is over the limit of {limits.max_body_bytes} bytes",
+                    start,
+                )
         try:
-            parsed = parse_request(await request.body(), limits)
+            parsed = parse_request(bytes(body), limits)
             key = translator.key(parsed.options)
             translator.check(parsed.sentences)
         except RequestError as e:
@@ -107,7 +117,7 @@ def build_app(
         return JSONResponse(body)
 
     async def health(request: Request) -> JSONResponse:
-        status = "shutting_down" if batcher._closing else "ok"
+        status = "shutting_down" if batcher.closing else "ok"
         return JSONResponse({"status": status, "model": translator.description})
 
     async def show_metrics(request: Request) -> JSONResponse:

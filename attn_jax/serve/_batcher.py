@@ -86,6 +86,11 @@ class Batcher:
         self._closing = False
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
 
+    @property
+    def closing(self) -> bool:
+        """Whether :meth:`stop` was called (new requests are refused)."""
+        return self._closing
+
     async def start(self) -> None:
         """Start the batching loop on the running event loop."""
         self._wake = asyncio.Event()

@@ -132,7 +132,7 @@ class ExportTranslator:
         """A RequestError (413) for a sentence longer than the export's widest source."""
         most = self.model.max_source_tokens
         for i, s in enumerate(sentences):
-            n = len(self.model._src.encode(s))
+            n = self.model.source_length(s)
             if n > most:
                 raise RequestError(
                     413,
