@@ -350,3 +350,24 @@ def test_a_body_over_the_limit_is_refused_declared_or_chunked():
     assert declared.status_code == chunked.status_code == 413
     assert declared.json()["reason"] == chunked.json()["reason"] == "body_too_large"
     assert m["refused_by_reason"] == {"body_too_large": 2}
+
+
+def test_the_command_serves_a_run_and_stops_on_sigterm(run_and_translate):
+    """``attn-jax serve --port 0`` names its address on stderr, answers as translate, exits 0 on SIGTERM."""
+    run, sentences, expected = run_and_translate
+    env = {**os.environ, "PYTHONPATH": _ROOT, "JAX_PLATFORMS": "cpu"}
+    argv = [sys.executable, "-m", "attn_jax.cli", "serve", "--workdir", run, "--port", "0"]
+    proc = subprocess.Popen(argv, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        ready = proc.stderr.readline()
+        assert ready.startswith("attn-jax serve: ") and " on http://127.0.0.1:" in ready, ready
+        url = ready.split(" on ")[-1].strip()
+        r = httpx.post(url + "/translate", json={"sentences": sentences[:2], "beam": 3}, timeout=120)
+        assert r.status_code == 200 and r.json()["translations"] == expected[:2]
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+        assert proc.stderr.read().strip() == "attn-jax serve: stopped"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
