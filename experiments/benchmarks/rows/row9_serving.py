@@ -28,6 +28,13 @@ def _rss(pid: int) -> int:
     raise RuntimeError(f"no VmRSS for process {pid}")
 
 
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds a process has used (``/proc/PID/stat``), its threads included."""
+    with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _sentences(run: str, n: int, seed: int = 0) -> list[str]:
     """``n`` sentences of 3-12 words drawn from the run's source vocabulary (specials left out)."""
     import numpy as np
@@ -157,7 +164,9 @@ def row_serving(ctx: Ctx) -> Section:
             rss_before = _rss(proc.pid)
             for clients in sizes.serve_concurrency:
                 ctx.log(f"row 9: {clients} clients, {n} requests")
+                cpu0, server0 = time.process_time(), _cpu_seconds(proc.pid)
                 got = asyncio.run(_load(url, sentences, clients, sizes.serve_time_s))
+                client_cpu, server_cpu = time.process_time() - cpu0, _cpu_seconds(proc.pid) - server0
                 lat = sorted(got["latencies"])
                 c = got["counts"]
                 same &= all(got["out"][i] == expected[i] for i in got["out"])
@@ -168,6 +177,8 @@ def row_serving(ctx: Ctx) -> Section:
                         fmt_time(statistics.median(lat)) if lat else "—",
                         fmt_time(lat[max(0, -(-len(lat) * 99 // 100) - 1)]) if lat else "—",
                         f"{c['200']} / {c['refused']} / {c['lost']}",
+                        fmt_time(server_cpu / max(1, sum(c.values()))),
+                        fmt_time(client_cpu / max(1, sum(c.values()))),
                     ]
                 )
                 unsent = n - sum(c.values())
@@ -190,10 +201,33 @@ def row_serving(ctx: Ctx) -> Section:
             "—",
             "—",
             f"{n} / 0 / 0",
+            "—",
+            "—",
         ]
     )
-    rows.append(["translate's batch path, warm (`translate_sentences`)", f"{n / batch_s:.1f}", "—", "—", "—"])
-    sec.table(["path", "sentences/s", "p50 latency", "p99 latency", "200 / refused / lost"], rows)
+    rows.append(
+        [
+            "translate's batch path, warm (`translate_sentences`)",
+            f"{n / batch_s:.1f}",
+            "—",
+            "—",
+            "—",
+            "—",
+            "—",
+        ]
+    )
+    sec.table(
+        [
+            "path",
+            "sentences/s",
+            "p50 latency",
+            "p99 latency",
+            "200 / refused / lost",
+            "server CPU / request",
+            "load generator CPU / request",
+        ],
+        rows,
+    )
     sec.notes.append(
         f"requests lost (no answer within {REQUEST_TIMEOUT_S:.0f} s or a broken connection), all levels: "
         f"{lost_total} (target {LOST_MAX}: {verdict(lost_total <= LOST_MAX)})"
