@@ -371,3 +371,19 @@ def test_the_command_serves_a_run_and_stops_on_sigterm(run_and_translate):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_a_failed_model_call_is_a_counted_500_and_the_server_goes_on():
+    class Flaky(Echo):
+        def __call__(self, sentences, key):
+            if "boom" in sentences:
+                raise RuntimeError("the model\nfailed")
+            return super().__call__(sentences, key)
+
+    with serving(build_app(Flaky(), max_wait_s=0.0)) as url, httpx.Client(base_url=url, timeout=10) as client:
+        bad = client.post("/translate", json={"sentences": ["boom"]})
+        good = client.post("/translate", json={"sentences": ["ok"]})
+        m = client.get("/metrics").json()
+    assert bad.status_code == 500 and bad.json()["error"] == "translation failed: the model failed"
+    assert "\n" not in bad.text and good.json()["translations"] == ["OK"]
+    assert m["refused_by_reason"] == {"model_error": 1} and m["requests_by_status"] == {"200": 1, "500": 1}
