@@ -20,6 +20,7 @@ class PhaseTimer:
         self.cpu: dict[str, float] = {}
         self.compiles = 0
         self.compile_s = 0.0
+        self.by_name: dict[str, int] = {}
         self._t0 = time.perf_counter()
         self._c0 = time.process_time()
         self._listening = False
@@ -29,10 +30,11 @@ class PhaseTimer:
         """Registers a jax.monitoring listener that counts backend compiles; returns self."""
         import jax.monitoring
 
-        def on_duration(event: str, duration: float, **_: object) -> None:
+        def on_duration(event: str, duration: float, fun_name: str = "?", **_: object) -> None:
             if event == BACKEND_COMPILE_EVENT:
                 self.compiles += 1
                 self.compile_s += duration
+                self.by_name[fun_name] = self.by_name.get(fun_name, 0) + 1
 
         self._listener = on_duration
         jax.monitoring.register_event_duration_secs_listener(on_duration)
@@ -79,4 +81,7 @@ class PhaseTimer:
             f"| compile ({self.compiles} programs, inside the phases above) | {self.compile_s:.1f} | |"
         )
         rows.append(f"| total | {wall_total:.1f} | {cpu_total:.1f} |")
+        again = sorted((n, k) for k, n in self.by_name.items() if n > 1)[::-1]
+        if again:
+            rows += ["", "Compiled more than once: " + ", ".join(f"`{k}` x{n}" for n, k in again) + "."]
         return rows

@@ -18,7 +18,10 @@ def test_phases_sum_to_at_most_total_and_compiles_are_counted():
         time.sleep(0.05)
     with timer.phase("compile"):
         # Two distinct shapes: two backend compiles, then a cache hit that compiles nothing.
-        f = jax.jit(lambda x: x * 3 + 1)
+        def triple_plus_one(x):
+            return x * 3 + 1
+
+        f = jax.jit(triple_plus_one)
         f(np.ones(3, np.float32)).block_until_ready()
         f(np.ones(5, np.float32)).block_until_ready()
         f(np.ones(5, np.float32)).block_until_ready()
@@ -32,7 +35,9 @@ def test_phases_sum_to_at_most_total_and_compiles_are_counted():
     assert timer.compiles == 2
     assert 0.0 < timer.compile_s <= timer.wall["compile"]
     assert re.search(r"^\| compile \(2 programs", "\n".join(rows), re.M)
-    assert rows[-1].startswith("| total | ")
+    assert timer.by_name == {"jit(triple_plus_one)": 2}
+    assert rows[-1] == "Compiled more than once: `jit(triple_plus_one)` x2."
+    assert any(r.startswith("| total | ") for r in rows)
 
     # After close the listener is gone: a fresh program is not counted.
     jax.jit(lambda x: x - 7)(np.ones(2, np.float32)).block_until_ready()
