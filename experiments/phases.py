@@ -21,6 +21,7 @@ class PhaseTimer:
         self.compiles = 0
         self.compile_s = 0.0
         self.by_name: dict[str, int] = {}
+        self.seconds_by_name: dict[str, float] = {}
         self._t0 = time.perf_counter()
         self._c0 = time.process_time()
         self._listening = False
@@ -35,6 +36,7 @@ class PhaseTimer:
                 self.compiles += 1
                 self.compile_s += duration
                 self.by_name[fun_name] = self.by_name.get(fun_name, 0) + 1
+                self.seconds_by_name[fun_name] = self.seconds_by_name.get(fun_name, 0.0) + duration
 
         self._listener = on_duration
         jax.monitoring.register_event_duration_secs_listener(on_duration)
@@ -84,4 +86,7 @@ class PhaseTimer:
         again = sorted((n, k) for k, n in self.by_name.items() if n > 1)[::-1]
         if again:
             rows += ["", "Compiled more than once: " + ", ".join(f"`{k}` x{n}" for n, k in again) + "."]
+        slow = sorted(((s, k) for k, s in self.seconds_by_name.items()), reverse=True)[:5]
+        if slow:
+            rows += ["", "Most compile seconds: " + ", ".join(f"`{k}` {s:.1f} s" for s, k in slow) + "."]
         return rows

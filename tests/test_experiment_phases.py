@@ -36,7 +36,9 @@ def test_phases_sum_to_at_most_total_and_compiles_are_counted():
     assert 0.0 < timer.compile_s <= timer.wall["compile"]
     assert re.search(r"^\| compile \(2 programs", "\n".join(rows), re.M)
     assert timer.by_name == {"jit(triple_plus_one)": 2}
-    assert rows[-1] == "Compiled more than once: `jit(triple_plus_one)` x2."
+    assert "Compiled more than once: `jit(triple_plus_one)` x2." in rows
+    assert timer.seconds_by_name["jit(triple_plus_one)"] == timer.compile_s
+    assert rows[-1].startswith("Most compile seconds: `jit(triple_plus_one)` ")
     assert any(r.startswith("| total | ") for r in rows)
 
     # After close the listener is gone: a fresh program is not counted.
