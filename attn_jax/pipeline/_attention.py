@@ -10,7 +10,7 @@ from typing import NamedTuple
 import numpy as np
 
 from attn_jax.pipeline._load import LoadedModel
-from attn_jax.pipeline._translate import Translation, length_batches, pad_rows
+from attn_jax.pipeline._translate import Translation, length_batches, pad_rows, padded_width
 
 __all__ = [
     "HeatmapPick",
@@ -102,13 +102,20 @@ def hypothesis_cross_attention(
     """
     from flax import nnx
 
+    from attn_jax.decoding import model_length_cap
+
     if not hasattr(loaded.model, "cross_attention_weights"):
         return None
     sv, tv = loaded.src_vocab, loaded.tgt_vocab
     src_ids = sv.encode(source)
     n, m = len(src_ids), len(hypothesis.ids)
-    src, mask = pad_rows([src_ids], n + 1, 1, sv.eos_id, sv.pad_id)
-    tgt_in = np.asarray([[tv.bos_id, *hypothesis.ids]], np.int32)
+    # Padded to one of a few widths (few compiled programs), within the model's positions; the causal
+    # decoder's rows ignore the padded tail.
+    need, cap = max(n, m) + 1, model_length_cap(loaded.model)
+    width = max(need, min(padded_width(need), cap)) if cap else padded_width(need)
+    src, mask = pad_rows([src_ids], width, 1, sv.eos_id, sv.pad_id)
+    tgt_in = np.full((1, width), tv.pad_id, np.int32)
+    tgt_in[0, : m + 1] = [tv.bos_id, *hypothesis.ids]
     graphdef, state = nnx.split(loaded.model)
     weights = np.asarray(_cross_attention_heads()(graphdef, state, src, mask, tgt_in))  # [1, L_dec, H, T, S]
     return weights[0, -1, :, : m + 1, : n + 1]
