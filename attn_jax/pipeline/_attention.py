@@ -39,12 +39,17 @@ def _teacher_forced():
 
 
 def reference_attention(
-    loaded: LoadedModel, sources: Sequence[str], references: Sequence[str], *, batch_size: int = 32
+    loaded: LoadedModel,
+    sources: Sequence[str],
+    references: Sequence[str],
+    *,
+    batch_size: int = 32,
+    one_shape: bool = False,
 ) -> list[np.ndarray] | None:
     """Teacher-forced attention on each reference: ``[m + 1, n + 1]`` per sentence (rows: the ``m`` reference
     tokens then ``</s>``; columns: the ``n`` source tokens then ``</s>``); None for a model without attention.
     An ensemble gives the mean of its members' attention (members without attention left out), as its beam
-    search does."""
+    search does. ``one_shape``: every batch at one padded shape (:func:`length_batches`), one compilation."""
     from flax import nnx
 
     sv, tv = loaded.src_vocab, loaded.tgt_vocab
@@ -54,7 +59,7 @@ def reference_attention(
     splits = [nnx.split(m) for m in models]
     lengths = [max(len(s), len(t)) + 1 for s, t in zip(src_ids, tgt_ids, strict=True)]
     out: list[np.ndarray | None] = [None] * len(sources)
-    for chunk, width, rows in length_batches(lengths, batch_size):
+    for chunk, width, rows in length_batches(lengths, batch_size, one_shape=one_shape):
         src, mask = pad_rows([src_ids[i] for i in chunk], width, rows, sv.eos_id, sv.pad_id)
         tgt_in = np.full((rows, width), tv.pad_id, np.int32)
         for r in range(rows):
