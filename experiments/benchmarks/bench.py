@@ -50,6 +50,10 @@ from harness import (  # noqa: E402
     Section,
     device_section,
     machine_info,
+    measure_peak,
+    peak_info,
+    torch_thread_counts,
+    usable_cores,
     write_results,
 )
 from rows.row1_attention import row_dot_product  # noqa: E402
@@ -115,8 +119,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         torch = None
     torch_device = None
     if torch is not None:
-        usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-        torch.set_num_threads(usable)
+        torch.set_num_threads(usable_cores())
         if args.device == "cpu":
             torch_device = "cpu"
         elif torch.cuda.is_available():
@@ -137,6 +140,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if torch is None:
         ctx.log("PyTorch is not installed: the PyTorch columns say n/a (install the `bench` extra)")
     info = machine_info(ctx)
+    ctx.log("measuring the machine's float32 matmul peak and memory bandwidth")
+    ctx.peak = measure_peak(ctx, torch_thread_counts())
+    info += peak_info(ctx.peak)
     start = time.perf_counter()
     sections = []
     for r in rows:

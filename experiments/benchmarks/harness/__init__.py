@@ -1,19 +1,42 @@
 """The benchmark harness every row shares: sizes and context, timing, the RESULTS.md report."""
 
-from harness.context import BENCH_DIR, DEFAULT_OUT, FULL, GIB, MIB, QUICK, REPO, Ctx, Sizes
+from harness.context import (
+    BENCH_DIR,
+    DEFAULT_OUT,
+    FULL,
+    GIB,
+    MIB,
+    QUICK,
+    REPO,
+    Ctx,
+    Sizes,
+    torch_thread_counts,
+    usable_cores,
+)
+from harness.peak import Peak, attention_flops, matmul_flops, measure_peak, peak_info
 from harness.report import (
     NO_GPU,
     Section,
     device_section,
     fmt_bytes,
     fmt_ratio,
+    fmt_spread,
     fmt_time,
     machine_info,
     section_marker,
     verdict,
     write_results,
 )
-from harness.timing import Timing, compiled_bytes, jax_call, measure, measure_interleaved, torch_sync
+from harness.timing import (
+    Timing,
+    Usage,
+    compiled_bytes,
+    jax_call,
+    measure,
+    measure_interleaved,
+    measure_runs,
+    torch_sync,
+)
 
 __all__ = [
     "BENCH_DIR",
@@ -25,20 +48,30 @@ __all__ = [
     "QUICK",
     "REPO",
     "Ctx",
+    "Peak",
     "Section",
     "Sizes",
     "Timing",
+    "Usage",
+    "attention_flops",
     "compiled_bytes",
     "device_section",
     "fmt_bytes",
     "fmt_ratio",
+    "fmt_spread",
     "fmt_time",
     "jax_call",
     "machine_info",
+    "matmul_flops",
     "measure",
     "measure_interleaved",
+    "measure_peak",
+    "measure_runs",
+    "peak_info",
     "section_marker",
     "torch_sync",
+    "torch_thread_counts",
+    "usable_cores",
     "verdict",
     "write_results",
 ]

@@ -5,12 +5,26 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from harness.peak import Peak
 
 BENCH_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REPO = os.path.dirname(os.path.dirname(BENCH_DIR))
 DEFAULT_OUT = os.path.join(BENCH_DIR, "RESULTS.md")
 GIB = 1 << 30
 MIB = 1 << 20
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity mask), which is what XLA's CPU client uses."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def torch_thread_counts() -> list[int]:
+    """PyTorch thread counts a CPU row compares against: 1 and every usable core."""
+    return sorted({1, usable_cores()})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -21,6 +35,8 @@ class Sizes:
     min_repeats: int
     max_repeats: int
     budget_s: float
+    # rows 1, 4 and 5 measure each ratio this many times and report the median and the min-max spread
+    runs: int
     # row 1
     dpa_batch: int
     dpa_heads: int
@@ -65,6 +81,7 @@ FULL = Sizes(
     min_repeats=3,
     max_repeats=20,
     budget_s=2.0,
+    runs=3,
     dpa_batch=4,
     dpa_heads=8,
     dpa_width=64,
@@ -98,6 +115,7 @@ QUICK = Sizes(
     min_repeats=3,
     max_repeats=10,
     budget_s=0.2,
+    runs=2,
     dpa_batch=1,
     dpa_heads=8,
     dpa_width=64,
@@ -144,6 +162,9 @@ class Ctx:
     torch_device: str | None  # None: no PyTorch peer on this device
     mem_limit: int  # never execute a JAX program whose compiled footprint exceeds this
     allocator: str = ""  # attn_jax.tune_host_allocator()'s message: what the host allocator was set to
+    peak: Peak | None = (
+        None  # the machine's measured matmul and bandwidth limits (bench.py measures it first)
+    )
 
     def log(self, msg: str) -> None:
         print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)

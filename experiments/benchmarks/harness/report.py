@@ -7,10 +7,11 @@ import datetime
 import os
 import platform
 import re
+import statistics
 import subprocess
 from collections.abc import Sequence
 
-from harness.context import GIB, MIB, REPO, Ctx
+from harness.context import GIB, MIB, REPO, Ctx, usable_cores
 
 NO_GPU = "not measured (no accelerator available on this machine)"
 
@@ -32,6 +33,13 @@ def fmt_bytes(n: float) -> str:
 
 def fmt_ratio(x: float) -> str:
     return f"{x:.3g}"
+
+
+def fmt_spread(values: Sequence[float]) -> str:
+    """The median of several runs' values and their min-max range: ``1.07 (1.02–1.12)``."""
+    if len(values) == 1:
+        return fmt_ratio(values[0])
+    return f"{fmt_ratio(statistics.median(values))} ({fmt_ratio(min(values))}–{fmt_ratio(max(values))})"
 
 
 def verdict(ok: bool) -> str:
@@ -87,7 +95,7 @@ def machine_info(ctx: Ctx) -> list[tuple[str, str]]:
         mem = f"{kb / (1 << 20):.1f} GiB"
     except (OSError, StopIteration):
         pass
-    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    usable = usable_cores()
     info = [
         ("date", datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")),
         ("git commit", _git_commit()),

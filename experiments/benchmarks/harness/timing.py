@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import resource
 import statistics
 import time
 from collections.abc import Callable
@@ -16,6 +17,20 @@ class Timing:
     median: float  # seconds per call
     first: float  # the warm-up call (compilation included for JAX)
     calls: int  # timed calls
+    usage: Usage | None = None  # the process's resource use per timed call (measure_interleaved only)
+
+
+@dataclasses.dataclass(frozen=True)
+class Usage:
+    """Process-wide resource use per call, every thread included (``getrusage(RUSAGE_SELF)`` differences)."""
+
+    user_s: float  # user CPU seconds
+    system_s: float  # kernel CPU seconds: page faults, madvise, futex waits and wake-ups
+    minor_faults: float
+    switches: float  # voluntary + involuntary context switches
+
+
+_USAGE_FIELDS = ("ru_utime", "ru_stime", "ru_minflt", "ru_nvcsw", "ru_nivcsw")
 
 
 def measure(
@@ -68,13 +83,21 @@ def measure_interleaved(ctx: Ctx, calls: dict[str, Callable[[], object]]) -> dic
     s = ctx.sizes
     names = list(calls)
 
+    used = {n: dict.fromkeys(_USAGE_FIELDS, 0.0) for n in names}
+
     def once(name: str) -> float:
+        r0 = resource.getrusage(resource.RUSAGE_SELF)
         t0 = time.perf_counter()
         calls[name]()
-        return time.perf_counter() - t0
+        elapsed = time.perf_counter() - t0
+        r1 = resource.getrusage(resource.RUSAGE_SELF)
+        for f in _USAGE_FIELDS:
+            used[name][f] += getattr(r1, f) - getattr(r0, f)
+        return elapsed
 
     first = {n: once(n) for n in names}
     settle = {n: once(n) < SETTLE_BELOW_S for n in names}  # also a second warm-up call
+    used = {n: dict.fromkeys(_USAGE_FIELDS, 0.0) for n in names}  # the timed calls' only
     slowest = max(first.values())
     rounds = min(s.max_repeats, max(s.min_repeats, math.ceil(s.budget_s / max(slowest, 1e-9))))
     samples: dict[str, list[float]] = {n: [] for n in names}
@@ -87,7 +110,24 @@ def measure_interleaved(ctx: Ctx, calls: dict[str, Callable[[], object]]) -> dic
                     if time.perf_counter() >= until:
                         break
             samples[n].append(once(n))
-    return {n: Timing(statistics.median(samples[n]), first[n], rounds) for n in names}
+    return {
+        n: Timing(statistics.median(samples[n]), first[n], rounds, _usage(used[n], rounds)) for n in names
+    }
+
+
+def _usage(used: dict[str, float], calls: int) -> Usage:
+    per = 1.0 / max(calls, 1)
+    return Usage(
+        used["ru_utime"] * per,
+        used["ru_stime"] * per,
+        used["ru_minflt"] * per,
+        (used["ru_nvcsw"] + used["ru_nivcsw"]) * per,
+    )
+
+
+def measure_runs(ctx: Ctx, calls: dict[str, Callable[[], object]]) -> list[dict[str, Timing]]:
+    """``measure_interleaved`` repeated ``ctx.sizes.runs`` times: a ratio's spread from run to run."""
+    return [measure_interleaved(ctx, calls) for _ in range(ctx.sizes.runs)]
 
 
 def compiled_bytes(compiled) -> int | None:

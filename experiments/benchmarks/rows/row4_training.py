@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import dataclasses
+import resource
 import statistics
 import time
 
-from harness import Ctx, Section, fmt_ratio, fmt_time, torch_sync, verdict
+from harness import Ctx, Section, fmt_spread, fmt_time, matmul_flops, torch_sync, verdict
 
 from rows.rnnsearch import ADAM_EPS, CLIP_NORM, LEARNING_RATE, random_batches, step_config
 
-# Targets (README.md says where each comes from).
-TRAIN_SPEEDUP_MIN = 1.2  # >= 1.2x the fused-GRU PyTorch peer (aim 1.5x)
+# Targets (README.md says where each comes from). Met only at the aim: machines differ by 20-40 %.
+TRAIN_SPEEDUP_MIN = 1.5  # >= 1.5x the fused-GRU PyTorch peer
 
 
 def row_training(ctx: Ctx) -> Section:
@@ -32,8 +33,12 @@ def row_training(ctx: Ctx) -> Section:
         "a packed batch, an `nn.GRUCell` decoder, `nn.Linear` scorer and deep output), at 1 and 2 threads -- the "
         "speed peer the target is checked against, at its faster thread count; and `torch_peers.TorchRNNsearch`, "
         "the paper's GRU written out with attn_jax's exact parameters, which must reproduce attn_jax's losses "
-        f"(a check that both sides train the same function). Target: attn_jax / fused peer ≥ {TRAIN_SPEEDUP_MIN} "
-        "(aim 1.5), at the bench size and at the paper-like size.",
+        f"(a check that both sides train the same function). The timed steps fall into {s.runs} runs of equal "
+        "length; a ratio is the median of the runs' ratios with their min–max in brackets, and the verdict "
+        f"judges the median. Target: attn_jax / fused peer ≥ {TRAIN_SPEEDUP_MIN}, at the bench size and at the "
+        "paper-like size. GFLOP/s counts the matrix products of attn_jax's train step (forward, backward and "
+        "update, read off its program) for every side, since all train the same network; % peak is against the "
+        "machine table's measured float32 matmul peak. CPU ms are `getrusage` of the process per step.",
     )
     sizes = [("bench size", cfg, s.train_batch, s.train_length, s.train_steps)]
     if s.paper_train is not None:
@@ -74,14 +79,26 @@ def _training_at(ctx: Ctx, sec: Section, label: str, cfg, batch: int, length: in
     batches = random_batches(ctx, 4, batch, length, cfg.tgt_vocab, seed=3)
     warmup = 2
     schedule = [batches[i % len(batches)] for i in range(warmup + steps)]
-    tokens = sum(int(bt.tgt_len.sum()) for bt in schedule[warmup:])
 
     state = jax.device_put(init_train_state(step_cfg, 0), jax.local_devices()[0])
     sides, params = _torch_sides(ctx, cfg, jax.device_get(state.params), threads, usable)
-    times, losses = _interleaved_steps(ctx, label, state, step_cfg, sides, schedule, usable)
+    flops = _step_flops(ctx, state, step_cfg, schedule[0])
+    times, losses, used = _interleaved_steps(ctx, label, state, step_cfg, sides, schedule, usable)
+    runs = ctx.sizes.runs if steps >= 2 * ctx.sizes.runs else 1
+    per_run = steps // runs
+    groups = [slice(warmup + r * per_run, warmup + (r + 1) * per_run) for r in range(runs)]
 
-    def tps(key) -> float:
-        return tokens / (statistics.median(times[key][warmup:]) * steps)
+    def tps(key, part: slice = slice(warmup, None)) -> float:
+        chosen = schedule[part]
+        return sum(int(bt.tgt_len.sum()) for bt in chosen) / (
+            statistics.median(times[key][part]) * len(chosen)
+        )
+
+    def tps_runs(key) -> list[float]:
+        return [tps(key, g) for g in groups]
+
+    def gflops(key) -> float:
+        return flops / statistics.median(times[key][warmup:]) / 1e9
 
     sec.table(
         [
@@ -94,6 +111,9 @@ def _training_at(ctx: Ctx, sec: Section, label: str, cfg, batch: int, length: in
             "first step",
             "loss step 1",
             f"loss step {len(schedule)}",
+            "GFLOP/s",
+            "% peak",
+            "CPU ms/step (user/sys)",
         ],
         [
             [
@@ -105,11 +125,22 @@ def _training_at(ctx: Ctx, sec: Section, label: str, cfg, batch: int, length: in
                 fmt_time(times[(name, t)][0]),
                 f"{losses[(name, t)][0]:.5f}",
                 f"{losses[(name, t)][-1]:.5f}",
+                f"{gflops((name, t)):.1f}",
+                ctx.peak.percent(gflops((name, t))) if ctx.peak else "—",
+                "{:.0f} / {:.0f}".format(*(1e3 * x / steps for x in used[(name, t)])),
             ]
             for name, t in times
         ],
     )
-    sec.table(["quantity", "value", "target", "status"], _ratio_rows(tps, losses, threads, usable))
+    sec.table(["quantity", "value", "target", "status"], _ratio_rows(tps_runs, losses, threads, usable))
+
+
+def _step_flops(ctx: Ctx, state, step_cfg, batch) -> float:
+    """Matrix-product FLOPs of one ``train_step`` on ``batch``'s shapes, read off its traced program."""
+    from attn_jax.train import train_step
+
+    jax = ctx.jax
+    return matmul_flops(jax.make_jaxpr(lambda st, bt: train_step(st, bt, step_cfg))(state, batch))
 
 
 def _torch_sides(ctx: Ctx, cfg, jax_params, threads: list[int], usable: int):
@@ -162,7 +193,8 @@ def _torch_batch(ctx: Ctx, bt):
 def _interleaved_steps(ctx: Ctx, label: str, state, step_cfg, sides, schedule, usable: int):
     """Every batch of ``schedule`` through attn_jax's train_step, then each PyTorch side at its thread count.
 
-    Returns the seconds and the loss of every step, keyed like ``sides`` plus ``("attn_jax", usable)``.
+    Returns the seconds and the loss of every step, keyed like ``sides`` plus ``("attn_jax", usable)``, and
+    each side's user and system CPU seconds over the timed steps (the two warm-up steps left out).
     """
     from attn_jax.train import train_step
 
@@ -170,33 +202,52 @@ def _interleaved_steps(ctx: Ctx, label: str, state, step_cfg, sides, schedule, u
     device = jax.local_devices()[0]
     times = {k: [] for k in [("attn_jax", usable), *sides]}
     losses = {k: [] for k in times}
+    used = {k: [0.0, 0.0] for k in times}
     sync = torch_sync(ctx)
+
+    def charge(key, r0, i: int) -> None:
+        if i >= 2:  # the warm-up steps compile
+            r1 = resource.getrusage(resource.RUSAGE_SELF)
+            used[key][0] += r1.ru_utime - r0.ru_utime
+            used[key][1] += r1.ru_stime - r0.ru_stime
+
     for i, bt in enumerate(schedule):
+        r0 = resource.getrusage(resource.RUSAGE_SELF)
         t0 = time.perf_counter()
         state, metrics = train_step(state, jax.device_put(bt, device), step_cfg)
         m = jax.device_get(metrics)
         times[("attn_jax", usable)].append(time.perf_counter() - t0)
+        charge(("attn_jax", usable), r0, i)
         losses[("attn_jax", usable)].append(float(m.loss.loss / m.loss.tokens))
         tb = _torch_batch(ctx, bt)
         for (name, t), step in sides.items():
             torch.set_num_threads(t)
             try:
+                r0 = resource.getrusage(resource.RUSAGE_SELF)
                 t0 = time.perf_counter()
                 losses[(name, t)].append(step(*tb))
                 if sync:
                     sync()
                 times[(name, t)].append(time.perf_counter() - t0)
+                charge((name, t), r0, i)
             finally:
                 torch.set_num_threads(usable)
         ctx.log(f"row 4 ({label}): step {i + 1}/{len(schedule)}")
-    return times, losses
+    return times, losses, used
 
 
-def _ratio_rows(tps, losses, threads: list[int], usable: int) -> list[list[str]]:
-    """attn_jax against each peer, the target checked against the faster fused peer; the loss agreement."""
-    jax_tps = tps(("attn_jax", usable))
-    fused_tps = {t: tps((FUSED, t)) for t in threads}
-    best = max(fused_tps, key=fused_tps.get)
+def _ratio_rows(tps_runs, losses, threads: list[int], usable: int) -> list[list[str]]:
+    """attn_jax against each peer, the target checked against the faster fused peer; the loss agreement.
+
+    ``tps_runs(key)`` is a side's tokens/s in each run; a ratio is taken run by run.
+    """
+    jax_runs = tps_runs(("attn_jax", usable))
+
+    def ratios(key) -> list[float]:
+        return [a / b for a, b in zip(jax_runs, tps_runs(key), strict=True)]
+
+    fused = {t: ratios((FUSED, t)) for t in threads}
+    best = min(fused, key=lambda t: statistics.median(fused[t]))  # the faster peer: the smaller ratio
     written_key = (WRITTEN, usable)
     loss_diff = max(
         abs(a - b) / abs(b) for a, b in zip(losses[("attn_jax", usable)], losses[written_key], strict=True)
@@ -204,17 +255,17 @@ def _ratio_rows(tps, losses, threads: list[int], usable: int) -> list[list[str]]
     rows = [
         [
             f"attn_jax / fused peer at {t} thread{'s' if t > 1 else ''}",
-            fmt_ratio(jax_tps / fused_tps[t]),
+            fmt_spread(fused[t]),
             "(info)",
             "—",
         ]
         for t in threads
     ]
     rows[threads.index(best)][2:] = [
-        f"≥ {TRAIN_SPEEDUP_MIN} (aim 1.5) against the faster",
-        verdict(jax_tps / fused_tps[best] >= TRAIN_SPEEDUP_MIN),
+        f"≥ {TRAIN_SPEEDUP_MIN} against the faster",
+        verdict(statistics.median(fused[best]) >= TRAIN_SPEEDUP_MIN),
     ]
-    rows.append(["attn_jax / written-out peer", fmt_ratio(jax_tps / tps(written_key)), "(info)", "—"])
+    rows.append(["attn_jax / written-out peer", fmt_spread(ratios(written_key)), "(info)", "—"])
     rows.append(
         [
             "max relative loss difference, attn_jax vs written-out peer",

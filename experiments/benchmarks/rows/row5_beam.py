@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+import statistics
 import time
 
-from harness import Ctx, Section, fmt_time, measure_interleaved, verdict
+from harness import Ctx, Section, fmt_spread, fmt_time, measure_interleaved, measure_runs, verdict
 
 from rows.rnnsearch import step_config
 
-# Targets (README.md says where each comes from).
-BEAM_SPEEDUP_MIN = 1.5  # beam search at >= 1.5x a PyTorch batched beam search (aim 2x)
+# Targets (README.md says where each comes from). Met only at the aim: machines differ by 20-40 %.
+BEAM_SPEEDUP_MIN = 2.0  # beam search at >= 2x a PyTorch batched beam search
 
 
 def row_beam(ctx: Ctx) -> Section:
@@ -34,8 +35,9 @@ def row_beam(ctx: Ctx) -> Section:
         "on `TorchRNNsearch` with the same parameters, at 1 and 2 PyTorch threads (attn_jax uses every usable "
         "core); all sides timed in alternation. On random parameters the scores are near-ties, so the two may "
         "pick different words; that they implement the same search is checked below on a small model with "
-        f"sharpened parameters. Target: attn_jax / PyTorch time ≥ {BEAM_SPEEDUP_MIN} against each thread "
-        "count (aim 2).",
+        f"sharpened parameters. Each row is measured in {s.runs} runs: a time is their median, a speed-up the "
+        "median with the runs' min–max in brackets, and the verdict judges the median. Target: PyTorch time / "
+        f"attn_jax time ≥ {BEAM_SPEEDUP_MIN} against each thread count.",
     )
     # Row 4's initial parameters: init_train_state is already compiled for this config.
     params = init_train_state(step_cfg, 0).params
@@ -102,15 +104,16 @@ def _beam_row(ctx: Ctx, models, inputs, k: int, thread_counts: list[int]) -> lis
                     torch.set_num_threads(usable)
 
             calls[f"torch {n}"] = run
-    t = measure_interleaved(ctx, calls)
-    row = [str(batch), str(k), f"{batch / t['attn_jax'].median:,.1f}", fmt_time(t["attn_jax"].median)]
+    runs = measure_runs(ctx, calls)
+    t = {name: statistics.median(run[name].median for run in runs) for name in calls}
+    row = [str(batch), str(k), f"{batch / t['attn_jax']:,.1f}", fmt_time(t["attn_jax"])]
     row.append(fmt_time(first))
     for n in thread_counts:
-        ratio = t[f"torch {n}"].median / t["attn_jax"].median
+        ratios = [run[f"torch {n}"].median / run["attn_jax"].median for run in runs]
         row += [
-            fmt_time(t[f"torch {n}"].median),
-            f"{ratio:.2f}",
-            verdict(ratio >= BEAM_SPEEDUP_MIN),
+            fmt_time(t[f"torch {n}"]),
+            fmt_spread(ratios),
+            verdict(statistics.median(ratios) >= BEAM_SPEEDUP_MIN),
         ]
     return row
 
