@@ -127,6 +127,13 @@ def test_smoke_run_writes_a_complete_report(tmp_path):
     for system in ("RNNenc", "RNNsearch", "Transformer"):
         m = re.search(rf"^\| {system} \| ([\d.]+) s .*\| ([\d.]+) s .*\| 30 \| 30 \|$", times, re.M)
         assert m and float(m.group(1)) > 0 and float(m.group(2)) > 0, system
+    # The phase table: train, evaluate and report phases, a compile count, and phases summing to at most the total.
+    phases = dict(re.findall(r"^\| (train|decode \+ evaluate|report|total) \| ([\d.]+) \|", times, re.M))
+    assert set(phases) == {"train", "decode + evaluate", "report", "total"}, phases
+    parts = sum(float(phases[k]) for k in ("train", "decode + evaluate", "report"))
+    assert 0 < parts <= float(phases["total"]) + 0.1  # rows are rounded to 0.1 s each
+    compiles = re.search(r"^\| compile \((\d+) programs", times, re.M)
+    assert compiles and int(compiles.group(1)) > 0
 
     # Seeds, configs (the smoke sizes), versions and machine.
     assert sections["## Seeds"].count("`seed=0`") == 3

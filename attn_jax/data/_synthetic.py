@@ -35,6 +35,7 @@ tokens.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import random
 from collections.abc import Sequence
@@ -516,8 +517,15 @@ def generate_synthetic(spec: SyntheticSpec = SyntheticSpec()) -> dict[str, list[
     >>> [len(splits[s]) for s in ("train", "validation", "test")]
     [3, 2, 7]
     """
+    return {name: list(pairs) for name, pairs in _generated(spec).items()}
+
+
+@functools.lru_cache(maxsize=4)
+def _generated(spec: SyntheticSpec) -> dict[str, tuple[SyntheticPair, ...]]:
+    """The splits of ``spec``, drawn once per process: the trainer reads train and validation, the evaluation
+    the test split, each from the whole corpus, and drawing 20,000 pairs takes seconds."""
     train = _natural(spec, "train", spec.train_size, set())
     train_sources = {p.source for p in train}
     validation = _natural(spec, "validation", spec.validation_size, train_sources)
     test = _stratified(spec, train_sources | {p.source for p in validation})
-    return {"train": train, "validation": validation, "test": test}
+    return {"train": tuple(train), "validation": tuple(validation), "test": tuple(test)}

@@ -25,12 +25,21 @@ def padded_width(tokens: int) -> int:
     return max(_MIN_WIDTH, 1 << max(0, tokens - 1).bit_length())
 
 
-def length_batches(lengths: Sequence[int], batch_size: int) -> list[tuple[list[int], int, int]]:
+def length_batches(
+    lengths: Sequence[int], batch_size: int, *, one_shape: bool = False
+) -> list[tuple[list[int], int, int]]:
     """Group sentence indices by padded width: ``(indices, width, rows)`` with ``rows`` the padded batch size.
 
     ``rows`` is ``batch_size`` for full batches and the next power of two for a last partial one, so a width
-    compiles at most ``log2(batch_size) + 1`` shapes.
+    compiles at most ``log2(batch_size) + 1`` shapes. ``one_shape``: every batch has the widest sentence's
+    width and the same rows, so one program serves them all: fewer compilations for more padding, a trade
+    that pays where compiling costs more than decoding (small models on a CPU).
     """
+    if one_shape:
+        order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+        rows = min(batch_size, 1 << (len(order) - 1).bit_length()) if order else batch_size
+        width = padded_width(max(lengths, default=1))
+        return [(order[k : k + rows], width, rows) for k in range(0, len(order), rows)]
     by_width: dict[int, list[int]] = {}
     for i in sorted(range(len(lengths)), key=lambda i: lengths[i]):
         by_width.setdefault(padded_width(lengths[i]), []).append(i)
@@ -117,6 +126,7 @@ def search_batches(
     ids: Sequence[int] | None = None,
     prefixes: Sequence[Sequence[int]] | None = None,
     constraints: Sequence[Sequence[Sequence[int]]] | None = None,
+    one_shape: bool = False,
 ) -> Iterator[SearchBatch]:
     """Beam-search (or sample) ``sources`` (token ids without ``</s>``, none empty) in length-sorted, padded batches.
 
@@ -145,6 +155,8 @@ def search_batches(
         prefix length, so the translation may still end after it.
       constraints: per sentence, token-id sequences that must appear (:func:`beam_search`'s
         ``constraints``); the results then count what each hypothesis lacks (``unmet_constraints``).
+      one_shape: batch at a single padded shape (:func:`length_batches`): one compiled search instead of
+        one per width and partial batch.
 
     Yields:
       One :class:`SearchBatch` per batch, in the order decoded (shortest sentences first).
@@ -157,7 +169,7 @@ def search_batches(
         raise ValueError("sampling takes no prefixes or constraints: forced output is a beam-search option")
     cap = model_length_cap(model)
     lengths = [len(s) + 1 for s in sources]
-    for members, width, rows in length_batches(lengths, batch_size):
+    for members, width, rows in length_batches(lengths, batch_size, one_shape=one_shape):
         src, mask = pad_rows([list(sources[i]) for i in members], width, rows, src_eos_id, src_pad_id)
         # Tokens with </s>: per sentence, and the static width from the padded width (few compiled shapes).
         width_limit = limit.tokens(width - 1) + 1

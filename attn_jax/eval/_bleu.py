@@ -269,6 +269,18 @@ def _sacrebleu_corpus(
 ) -> tuple[float, str, int]:
     """``(score, signature, sentences)`` of sacreBLEU's ``metric_name`` at its defaults, both sides detokenised
     as asked; the signature ends in ``|detok:...`` when they were."""
+    metric, stats, signature = _sacrebleu_statistics(
+        metric_name, label, hypotheses, references, detokenize, detokenize_lang
+    )
+    return float(metric._aggregate_and_compute(stats).score), signature, len(stats)
+
+
+def _sacrebleu_statistics(
+    metric_name: str, label: str, hypotheses, references, detokenize: str, detokenize_lang: str
+) -> tuple[Any, list, str]:
+    """sacreBLEU's ``metric_name`` at its defaults, its per-sentence statistics and its signature (ending in
+    ``|detok:...`` when both sides were detokenised). ``metric._aggregate_and_compute`` of any subset of the
+    statistics is ``corpus_score`` of those sentences: that is how sacreBLEU's own ``corpus_score`` works."""
     _check_pairs(hypotheses, references)
     if not hypotheses:
         raise ValueError(f"corpus_{label.lower()}: no sentences to score")
@@ -278,10 +290,11 @@ def _sacrebleu_corpus(
 
     metric = getattr(metrics, metric_name)()
     hyps = _detokenize(hypotheses, detokenize, detokenize_lang)
-    refs = _detokenize(references, detokenize, detokenize_lang)
-    score = metric.corpus_score(list(hyps), [list(refs)])
+    refs = [list(_detokenize(references, detokenize, detokenize_lang))]
+    metric._check_corpus_score_args(list(hyps), refs)
+    stats = metric._extract_corpus_statistics(list(hyps), refs)
     suffix = "" if detokenize == "none" else f"|detok:{detokenize}-{detokenize_lang}"
-    return float(score.score), str(metric.get_signature()) + suffix, len(hyps)
+    return metric, stats, str(metric.get_signature()) + suffix
 
 
 @dataclasses.dataclass(frozen=True)
@@ -342,8 +355,7 @@ def score_by_length(
     >>> [(b.label, n) for b, n, _ in r.buckets][:3]
     [('0-9', 1), ('10-19', 1), ('20-29', 0)]
     """
-    scorers = {"chrf": corpus_chrf, "ter": corpus_ter}
-    if metric not in scorers:
+    if metric not in ("chrf", "ter"):
         raise ValueError(f"score_by_length: metric must be 'chrf' or 'ter', got {metric!r}")
     _check_pairs(hypotheses, references)
     if not hypotheses:
@@ -356,22 +368,21 @@ def score_by_length(
     else:
         _check_count("lengths", lengths, len(hypotheses))
     _check_buckets(buckets)
-    score = scorers[metric]
-    kw = {"detokenize": detokenize, "detokenize_lang": detokenize_lang}
+    name = {"chrf": "chrF", "ter": "TER"}[metric]
+    # Each sentence is scored once and its statistics summed per bucket: TER's edit search is slow, and the
+    # sums are the ones corpus_score of each subset would make, in the same order.
+    scorer, stats, signature = _sacrebleu_statistics(
+        {"chrf": "CHRF", "ter": "TER"}[metric], name, hypotheses, references, detokenize, detokenize_lang
+    )
     members: list[list[int]] = [[] for _ in buckets]
     for n, length in enumerate(lengths):
         members[bucket_index(int(length), buckets)].append(n)
     per_bucket = []
     for b, rows in zip(buckets, members, strict=True):
-        x = (
-            score([hypotheses[n] for n in rows], [references[n] for n in rows], **kw).score
-            if rows
-            else math.nan
-        )
+        x = float(scorer._aggregate_and_compute([stats[n] for n in rows]).score) if rows else math.nan
         per_bucket.append((b, len(rows), x))
-    overall = score(hypotheses, references, **kw)
-    name = {"chrf": "chrF", "ter": "TER"}[metric]
-    return ScoreByLength(name, overall.signature, overall.score, len(hypotheses), tuple(per_bucket))
+    overall = float(scorer._aggregate_and_compute(stats).score)
+    return ScoreByLength(name, signature, overall, len(hypotheses), tuple(per_bucket))
 
 
 def bleu_by_length(

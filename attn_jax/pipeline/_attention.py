@@ -10,7 +10,7 @@ from typing import NamedTuple
 import numpy as np
 
 from attn_jax.pipeline._load import LoadedModel
-from attn_jax.pipeline._translate import Translation, length_batches, pad_rows
+from attn_jax.pipeline._translate import Translation, length_batches, pad_rows, padded_width
 
 __all__ = [
     "HeatmapPick",
@@ -39,12 +39,17 @@ def _teacher_forced():
 
 
 def reference_attention(
-    loaded: LoadedModel, sources: Sequence[str], references: Sequence[str], *, batch_size: int = 32
+    loaded: LoadedModel,
+    sources: Sequence[str],
+    references: Sequence[str],
+    *,
+    batch_size: int = 32,
+    one_shape: bool = False,
 ) -> list[np.ndarray] | None:
     """Teacher-forced attention on each reference: ``[m + 1, n + 1]`` per sentence (rows: the ``m`` reference
     tokens then ``</s>``; columns: the ``n`` source tokens then ``</s>``); None for a model without attention.
     An ensemble gives the mean of its members' attention (members without attention left out), as its beam
-    search does."""
+    search does. ``one_shape``: every batch at one padded shape (:func:`length_batches`), one compilation."""
     from flax import nnx
 
     sv, tv = loaded.src_vocab, loaded.tgt_vocab
@@ -54,7 +59,7 @@ def reference_attention(
     splits = [nnx.split(m) for m in models]
     lengths = [max(len(s), len(t)) + 1 for s, t in zip(src_ids, tgt_ids, strict=True)]
     out: list[np.ndarray | None] = [None] * len(sources)
-    for chunk, width, rows in length_batches(lengths, batch_size):
+    for chunk, width, rows in length_batches(lengths, batch_size, one_shape=one_shape):
         src, mask = pad_rows([src_ids[i] for i in chunk], width, rows, sv.eos_id, sv.pad_id)
         tgt_in = np.full((rows, width), tv.pad_id, np.int32)
         for r in range(rows):
@@ -102,13 +107,20 @@ def hypothesis_cross_attention(
     """
     from flax import nnx
 
+    from attn_jax.decoding import model_length_cap
+
     if not hasattr(loaded.model, "cross_attention_weights"):
         return None
     sv, tv = loaded.src_vocab, loaded.tgt_vocab
     src_ids = sv.encode(source)
     n, m = len(src_ids), len(hypothesis.ids)
-    src, mask = pad_rows([src_ids], n + 1, 1, sv.eos_id, sv.pad_id)
-    tgt_in = np.asarray([[tv.bos_id, *hypothesis.ids]], np.int32)
+    # Padded to one of a few widths (few compiled programs), within the model's positions; the causal
+    # decoder's rows ignore the padded tail.
+    need, cap = max(n, m) + 1, model_length_cap(loaded.model)
+    width = max(need, min(padded_width(need), cap)) if cap else padded_width(need)
+    src, mask = pad_rows([src_ids], width, 1, sv.eos_id, sv.pad_id)
+    tgt_in = np.full((1, width), tv.pad_id, np.int32)
+    tgt_in[0, : m + 1] = [tv.bos_id, *hypothesis.ids]
     graphdef, state = nnx.split(loaded.model)
     weights = np.asarray(_cross_attention_heads()(graphdef, state, src, mask, tgt_in))  # [1, L_dec, H, T, S]
     return weights[0, -1, :, : m + 1, : n + 1]

@@ -58,6 +58,7 @@ def evaluate_workdir(
     name: str | None = None,
     log=None,
     progress: Callable[[int, int, float], None] | None = None,
+    one_shape: bool = False,
 ) -> dict[str, Any]:
     """Evaluate a training run on one split: decode, BLEU overall / by length / No UNK, AER, heatmaps, tables.
 
@@ -91,6 +92,10 @@ def evaluate_workdir(
       log: a ``print``-like callable for what happens (default: silent); the length limit's line included.
       progress: called with ``(sentences done, total, fraction of the work)``: once with 0 before decoding,
         then after each batch (:func:`decode_progress` draws it with an ETA).
+      one_shape: decode and teacher-force every batch at one padded shape (``attn_jax.decoding.length_batches``):
+        one compiled program each instead of one per width and partial batch. Faster where compiling costs
+        more than computing (small models on a CPU); a sentence padded wider may round differently in its
+        last bits. Kept in ``options``.
 
     Returns:
       A dict: ``system``, ``workdir``, ``step``, ``checkpoint_note`` (None, or why another checkpoint than
@@ -141,6 +146,7 @@ def evaluate_workdir(
         "no_repeat_ngram": decode.no_repeat_ngram,
         "min_length": decode.min_length,
         "heatmap_sentences": None if heatmap_sentences is None else [int(i) for i in heatmap_sentences],
+        "one_shape": one_shape,
     }
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
@@ -165,7 +171,9 @@ def evaluate_workdir(
     )
 
     t0 = time.perf_counter()
-    translations = _decode(loaded, pairs.sources, progress, decode, batch_size=batch_size, limit=rule)
+    translations = _decode(
+        loaded, pairs.sources, progress, decode, batch_size=batch_size, limit=rule, one_shape=one_shape
+    )
     hypotheses = [t[0].text if t else "" for t in translations]
     timings["decode_s"] = time.perf_counter() - t0
     limit_report = _count_length_limit(loaded, pairs.sources, translations, rule, log)
@@ -173,7 +181,7 @@ def evaluate_workdir(
     t0 = time.perf_counter()
     scored = _score_bleu(loaded, pairs, hypotheses, bleu, log)
     chrf_ter = _score_chrf_ter(pairs, hypotheses, bleu)
-    alignment = _score_alignment(loaded, pairs, batch_size)
+    alignment = _score_alignment(loaded, pairs, batch_size, one_shape)
     timings["score_s"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
@@ -344,13 +352,13 @@ def _score_chrf_ter(pairs: _Pairs, hypotheses: Sequence[str], settings: BleuSett
     }
 
 
-def _score_alignment(loaded: LoadedModel, pairs: _Pairs, batch_size: int) -> _Alignment:
+def _score_alignment(loaded: LoadedModel, pairs: _Pairs, batch_size: int, one_shape: bool) -> _Alignment:
     """AER of the teacher-forced attention on the references against the gold alignments, overall and within
     the training lengths (links only for word-level vocabularies; AER only where the corpus has gold)."""
     from attn_jax import eval as ev
 
     sources, references, gold = pairs.sources, pairs.references, pairs.gold
-    attention = reference_attention(loaded, sources, references, batch_size=batch_size)
+    attention = reference_attention(loaded, sources, references, batch_size=batch_size, one_shape=one_shape)
     if attention is None or not _word_level(loaded):
         return _Alignment(attention, None, None, None)
     links = [

@@ -63,12 +63,14 @@ def padded_width(tokens: int) -> int:
     return width(tokens)
 
 
-def length_batches(lengths: Sequence[int], batch_size: int) -> list[tuple[list[int], int, int]]:
+def length_batches(
+    lengths: Sequence[int], batch_size: int, *, one_shape: bool = False
+) -> list[tuple[list[int], int, int]]:
     """Sentence indices grouped by padded width, ``(indices, width, rows)``
     (``attn_jax.decoding.length_batches``)."""
     from attn_jax.decoding import length_batches as batches
 
-    return batches(lengths, batch_size)
+    return batches(lengths, batch_size, one_shape=one_shape)
 
 
 def pad_rows(rows: list[list[int]], width: int, num_rows: int, eos_id: int, pad_id: int):
@@ -136,6 +138,7 @@ def translate_sentences(
     first_index: int = 0,
     prefixes: Sequence[str] | None = None,
     constraints: Sequence[Sequence[str]] | None = None,
+    one_shape: bool = False,
     **fields: Any,
 ) -> list[list[Translation]]:
     """Beam-search translations of ``sentences``: for each, its ``nbest`` best hypotheses, best first.
@@ -165,6 +168,8 @@ def translate_sentences(
         targets; decoding continues after it (``attn_jax.decoding.beam_search``'s ``prefix``).
       constraints: per sentence, phrases that must appear in the translation (lexically constrained decoding,
         ``attn_jax.decoding.beam_search``'s ``constraints``); each :class:`Translation` counts those it lacks.
+      one_shape: decode every batch at one padded shape (:func:`length_batches`): one compilation, more
+        padding.
       **fields: :class:`DecodeOptions` fields that replace those of ``options`` (``beam_size=4``).
 
     Returns:
@@ -227,6 +232,7 @@ def translate_sentences(
         ids=[first_index + i for i in todo],
         prefixes=None if forced is None else [forced[i] for i in todo],
         constraints=None if wanted is None else [wanted[i] for i in todo],
+        one_shape=one_shape,
     )
     while True:
         try:

@@ -35,6 +35,9 @@ RANGES = os.path.join(HERE, "seed_ranges.json")
 sys.path.insert(0, HERE)
 import findings as fd  # noqa: E402  (the experiment's own analysis, beside this file)
 
+sys.path.insert(0, os.path.dirname(HERE))
+from phases import PhaseTimer  # noqa: E402  (per-phase timing, kept out of the library)
+
 SYSTEMS = (("RNNenc", "rnnenc_cpu"), ("RNNsearch", "rnnsearch_cpu"), ("Transformer", "transformer_cpu"))
 PACKAGES = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "sacrebleu", "numpy", "attn-jax")
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -322,7 +325,9 @@ def _heatmaps_markdown(runs: dict, out: str) -> list[str]:
     return md
 
 
-def _appendix_markdown(runs: dict, args: argparse.Namespace, total_s: float, out: str) -> list[str]:
+def _appendix_markdown(
+    runs: dict, args: argparse.Namespace, total_s: float, out: str, phase_rows: Sequence[str] = ()
+) -> list[str]:
     """The report's closing sections: wall times, seeds, configs, versions, machine and files."""
     from attn_jax.train import flatten_config
 
@@ -334,7 +339,10 @@ def _appendix_markdown(runs: dict, args: argparse.Namespace, total_s: float, out
     for s, r in runs.items():
         t = r["trained"]
         md.append(f"| {s} | {_fmt_s(r['train_s'])} | {_fmt_s(r['eval_s'])} | {t.best_step} | {t.step} |")
-    md += ["", f"Total (train + evaluate all + report): {_fmt_s(total_s)}.\n", "## Seeds\n"]
+    md += ["", f"Total (train + evaluate all + report): {_fmt_s(total_s)}.\n"]
+    if phase_rows:
+        md += ["Time per phase (this process; compile overlaps train and evaluate):\n", *phase_rows, ""]
+    md += ["## Seeds\n"]
     for s, r in runs.items():
         c = r["config"]
         md.append(
@@ -375,6 +383,7 @@ def run_experiment(args: argparse.Namespace) -> str:
     out = os.path.abspath(args.out)
     os.makedirs(out, exist_ok=True)
     t_start = time.perf_counter()
+    timer = PhaseTimer().listen()
 
     runs = {}
     for system, name in SYSTEMS:
@@ -386,22 +395,27 @@ def run_experiment(args: argparse.Namespace) -> str:
         shutil.rmtree(workdir, ignore_errors=True)
         print(f"== {system}: training {spec} -> {workdir}", flush=True)
         t0 = time.perf_counter()
-        trained = train_and_evaluate(config, workdir, tty=False)
+        with timer.phase("train"):
+            trained = train_and_evaluate(config, workdir, tty=False)
         train_s = time.perf_counter() - t0
         print(f"== {system}: evaluating (test split, beam {beam}, at most {max_examples} pairs)", flush=True)
         t0 = time.perf_counter()
         progress = decode_progress(
             ProgressLine(sys.stdout, tty=False, label=f"{system}: decoded", every_s=20.0)
         )
-        result = evaluate_workdir(
-            workdir,
-            split="test",
-            decode=DecodeOptions(beam_size=beam),
-            max_examples=max_examples,
-            name=system,
-            log=print,
-            progress=progress,
-        )
+        with timer.phase("decode + evaluate"):
+            result = evaluate_workdir(
+                workdir,
+                split="test",
+                decode=DecodeOptions(beam_size=beam),
+                max_examples=max_examples,
+                name=system,
+                log=print,
+                progress=progress,
+                # One compiled search and one teacher-forced pass per system instead of one per width and
+                # partial batch: at these sizes compiling costs more than decoding.
+                one_shape=True,
+            )
         eval_s = time.perf_counter() - t0
         runs[system] = {
             "spec": os.path.relpath(spec, REPO),
@@ -413,6 +427,7 @@ def run_experiment(args: argparse.Namespace) -> str:
             "eval_s": eval_s,
         }
 
+    timer.start("report")
     results = {s: run_numbers(r) for s, r in runs.items()}
     checks = fd.check_findings(results)
     numbers = fd.headline(results)
@@ -435,7 +450,7 @@ def run_experiment(args: argparse.Namespace) -> str:
             for s, r in runs.items()
         )
         + f"), evaluated on the test split with beam {beam} on at most {max_examples} "
-        "pairs spread over the source-length buckets.\n",
+        "pairs spread over the source-length buckets (decoded in batches of one padded shape per system).\n",
         "## BLEU by source sentence length (Figure 2)\n",
         ev.bleu_by_length_markdown(by_length),
         f"![BLEU by length]({_rel(plot, out)})\n",
@@ -452,7 +467,11 @@ def run_experiment(args: argparse.Namespace) -> str:
     md.append("")
     md += findings_markdown(checks, numbers, ranges, args, why_no_ranges)
     md += _heatmaps_markdown(runs, out)
-    md += _appendix_markdown(runs, args, total_s, out)
+    timer.stop("report")
+    timer.close()
+    phase_rows = timer.markdown()
+    md += _appendix_markdown(runs, args, total_s, out, phase_rows)
+    print("\n".join(phase_rows), flush=True)
     report = os.path.join(out, "report.md")
     with open(report, "w", encoding="utf-8") as f:
         f.write("\n".join(md) + "\n")
