@@ -36,6 +36,7 @@ p.add_argument("--sync-dispatch", action="store_true", help="jax_cpu_enable_asyn
 p.add_argument("--work", choices=("attention", "beam"), default="attention", help="row 1's or row 5's call")
 p.add_argument("--batch", type=int, default=32, help="--work beam: source sentences")
 p.add_argument("--beam", type=int, default=1, help="--work beam: beam size")
+p.add_argument("--jax-impl", default="default", help="attention: comma-separated default, xla, chunked")
 p.add_argument("--json", default=None)
 args = p.parse_args()
 
@@ -101,13 +102,19 @@ if args.side in ("jax", "both"):
             beam_search(model, src, jmask, beam_size=args.beam, max_length=length, max_length_ratio=None)
         )
     else:
+        import functools
+
         from attn_jax.attention import dot_product_attention
 
         q, k, v, g = (jax.numpy.asarray(x) for x in arrays)
-        prog = jax.jit(lambda q, k, v, g: jax.vjp(dot_product_attention, q, k, v)[1](g))
-        compiled = prog.lower(q, k, v, g).compile()
-        calls["jax"] = lambda: jax.block_until_ready(compiled(q, k, v, g))
-    calls["jax"]()
+        for impl in args.jax_impl.split(","):
+            f = functools.partial(dot_product_attention, implementation=None if impl == "default" else impl)
+            prog = jax.jit(lambda q, k, v, g, f=f: jax.vjp(f, q, k, v)[1](g))
+            compiled = prog.lower(q, k, v, g).compile()
+            name = "jax" if impl == "default" else f"jax {impl}"
+            calls[name] = lambda c=compiled: jax.block_until_ready(c(q, k, v, g))
+    for c in calls.values():
+        c()
     now = set(threads())
     groups["xla"] = now - before - main_tid
     before = now
