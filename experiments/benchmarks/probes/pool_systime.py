@@ -36,7 +36,11 @@ p.add_argument("--sync-dispatch", action="store_true", help="jax_cpu_enable_asyn
 p.add_argument("--work", choices=("attention", "beam"), default="attention", help="row 1's or row 5's call")
 p.add_argument("--batch", type=int, default=32, help="--work beam: source sentences")
 p.add_argument("--beam", type=int, default=1, help="--work beam: beam size")
-p.add_argument("--jax-impl", default="default", help="attention: comma-separated default, xla, chunked")
+p.add_argument(
+    "--jax-impl",
+    default="default",
+    help="attention: comma-separated default, xla, chunked; default@N maps N (batch, head) pairs a step",
+)
 p.add_argument("--json", default=None)
 args = p.parse_args()
 
@@ -107,10 +111,28 @@ if args.side in ("jax", "both"):
         from attn_jax.attention import dot_product_attention
 
         q, k, v, g = (jax.numpy.asarray(x) for x in arrays)
-        for impl in args.jax_impl.split(","):
+        import attn_jax.attention._chunked as chunked
+
+        class _BatchedMap:  # chunked's (batch, head) loops with lax.map(batch_size=N); other maps unchanged
+            def __init__(self, n):
+                self.n = n
+
+            def __getattr__(self, name):
+                return getattr(jax.lax, name)
+
+            def map(self, f, xs, **kw):
+                if sys._getframe(1).f_code.co_name == "_map_batch":
+                    kw["batch_size"] = self.n
+                return jax.lax.map(f, xs, **kw)
+
+        for spec in args.jax_impl.split(","):
+            impl, _, per_step = spec.partition("@")  # "default@4": 4 (batch, head) pairs per loop step
             f = functools.partial(dot_product_attention, implementation=None if impl == "default" else impl)
             prog = jax.jit(lambda q, k, v, g, f=f: jax.vjp(f, q, k, v)[1](g))
+            chunked.lax = _BatchedMap(int(per_step)) if per_step else jax.lax
             compiled = prog.lower(q, k, v, g).compile()
+            chunked.lax = jax.lax
+            impl = spec
             name = "jax" if impl == "default" else f"jax {impl}"
             calls[name] = lambda c=compiled: jax.block_until_ready(c(q, k, v, g))
     for c in calls.values():
