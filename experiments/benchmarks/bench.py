@@ -150,7 +150,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     start = time.perf_counter()
     sections = []
     for r in rows:
-        t0, c0 = time.perf_counter(), time.process_time()
+        t0, c0, load0 = time.perf_counter(), time.process_time(), os.getloadavg()[0]
         try:
             if r == 4 and torch is None:
                 raise RuntimeError("row 4 needs PyTorch (pip install -e '.[bench]')")
@@ -159,6 +159,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             traceback.print_exc()
             sec = Section(f"{r}. {ROWS[r].__doc__.splitlines()[0]}", error=f"{type(e).__name__}: {e}")
         sec.seconds, sec.cpu_seconds = time.perf_counter() - t0, time.process_time() - c0
+        sec.load = (load0, os.getloadavg()[0])
         ctx.log(f"row {r} done in {sec.seconds:.0f} s (CPU {sec.cpu_seconds:.0f} s)")
         sections.append(sec)
     total = time.perf_counter() - start

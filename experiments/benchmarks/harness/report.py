@@ -56,6 +56,7 @@ class Section:
     notes: list[str] = dataclasses.field(default_factory=list)
     seconds: float = 0.0
     cpu_seconds: float = 0.0
+    load: tuple[float, float] | None = None  # 1-minute load average at the row's start and end
     error: str | None = None
 
     def table(self, header: list[str], rows: list[list[str]]) -> None:
@@ -73,7 +74,14 @@ class Section:
         if self.error:
             out.append(f"**ERROR** (the row did not finish): `{self.error}`\n")
         out += [f"- {n}" for n in self.notes]
-        out.append(f"\n_Row wall time: {self.seconds:.0f} s (process CPU time {self.cpu_seconds:.0f} s)._\n")
+        load = (
+            ""
+            if self.load is None
+            else f"; load average {self.load[0]:.2f} at start, {self.load[1]:.2f} at end"
+        )
+        out.append(
+            f"\n_Row wall time: {self.seconds:.0f} s (process CPU time {self.cpu_seconds:.0f} s{load})._\n"
+        )
         return "\n".join(out)
 
 

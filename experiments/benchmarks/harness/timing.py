@@ -27,7 +27,10 @@ class Usage:
     user_s: float  # user CPU seconds
     system_s: float  # kernel CPU seconds: page faults, madvise, futex waits and wake-ups
     minor_faults: float
-    switches: float  # voluntary + involuntary context switches
+    voluntary_switches: float  # a thread waited: pool hand-offs, sleeps
+    involuntary_switches: (
+        float  # a thread was preempted: other load on the machine, or more threads than cores
+    )
 
 
 _USAGE_FIELDS = ("ru_utime", "ru_stime", "ru_minflt", "ru_nvcsw", "ru_nivcsw")
@@ -121,7 +124,8 @@ def _usage(used: dict[str, float], calls: int) -> Usage:
         used["ru_utime"] * per,
         used["ru_stime"] * per,
         used["ru_minflt"] * per,
-        (used["ru_nvcsw"] + used["ru_nivcsw"]) * per,
+        used["ru_nvcsw"] * per,
+        used["ru_nivcsw"] * per,
     )
 
 

@@ -49,7 +49,7 @@ def wrapped(ctx, calls):
         u = t.usage
         print(
             f"USAGE {args.keep:5s} {n:18s} {1e3 * t.median:9.1f} ms  user {1e3 * u.user_s:8.1f}  "
-            f"sys {1e3 * u.system_s:7.1f}  faults {u.minor_faults:8.0f}  switches {u.switches:7.0f}",
+            f"sys {1e3 * u.system_s:7.1f}  faults {u.minor_faults:8.0f}  switches {u.voluntary_switches:7.0f}/{u.involuntary_switches:.0f}",
             flush=True,
         )
     spare = next(iter(out.values()))

@@ -88,7 +88,8 @@ def row_dot_product(ctx: Ctx) -> Section:
             "backward; softmax not counted) and its share of the machine's measured float32 matmul peak "
             f"({ctx.peak.gflops:.0f} GFLOP/s, the machine table). Aim: the forward at ≥ {PEAK_SHARE_MIN:.0%} "
             f"of the peak from L {PEAK_FROM_LENGTH} on. CPU ms, faults and switches are `getrusage` of the "
-            "whole process per timed call, every thread included (last run)."
+            "whole process per timed call, every thread included (last run). Involuntary switches are "
+            "preemptions: other load, or more threads than cores; a torch column with many is oversubscribed."
         )
     if ctx.torch_device is not None:
         sec.notes.append(f"PyTorch SDPA backend for these inputs: {_torch_backend(ctx, (b, h, 256, d))}.")
@@ -197,7 +198,7 @@ def _peak_header(ctx: Ctx, threads: list[int | None]) -> list[str]:
         header += [f"{side} GFLOP/s", f"{side} % peak"]
     header += [f"target: fwd ≥ {PEAK_SHARE_MIN:.0%} peak"]
     for side in (sides[0], sides[-1]):
-        header += [f"{side} CPU ms (user/sys)", f"{side} faults", f"{side} switches"]
+        header += [f"{side} CPU ms (user/sys)", f"{side} faults", f"{side} switches (vol/invol)"]
     return header
 
 
@@ -223,7 +224,7 @@ def _peak_row(ctx: Ctx, case: Case, first: list[str], flops: float, threads) -> 
             row += [
                 f"{1e3 * usage.user_s:.0f} / {1e3 * usage.system_s:.0f}",
                 f"{usage.minor_faults:.0f}",
-                f"{usage.switches:.0f}",
+                f"{usage.voluntary_switches:.0f} / {usage.involuntary_switches:.0f}",
             ]
     return row
 
