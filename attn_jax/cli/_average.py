@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
+
+from attn_jax.cli._errors import error_line
 
 
 def parse_steps(value: str) -> list[int]:
@@ -63,9 +64,8 @@ def add_average_parser(subparsers) -> argparse.ArgumentParser:
     return p
 
 
-def _error(message: str, status: int = 1) -> int:
-    print(f"attn-jax average: error: {' '.join(str(message).split())}", file=sys.stderr)
-    return status
+def _error(message: object, status: int = 1) -> int:
+    return error_line("average", message, status)
 
 
 def run_average(args: argparse.Namespace) -> int:

@@ -39,6 +39,8 @@ import re
 import sys
 import threading
 
+from attn_jax.cli._errors import error_line
+
 _HIST_EDGES = (0, 10, 20, 30, 40, 50, 60)
 _SPLIT = "{split}"  # in a file path: the split name, as in the trainer's data.source_path
 
@@ -167,9 +169,8 @@ def _prepare(args: argparse.Namespace) -> int:
     return 0
 
 
-def _error(message: str, status: int = 1) -> int:
-    print(f"attn-jax data: error: {' '.join(str(message).split())}", file=sys.stderr)
-    return status
+def _error(message: object, status: int = 1) -> int:
+    return error_line("data", message, status)
 
 
 def _say(message: str) -> None:

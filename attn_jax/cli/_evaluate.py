@@ -63,6 +63,7 @@ import argparse
 import os
 import sys
 
+from attn_jax.cli._errors import error_line
 from attn_jax.cli._translate import add_length_limit_flags, add_repetition_flags, parse_checkpoint
 from attn_jax.pipeline import (
     WEIGHTS,
@@ -185,9 +186,8 @@ def _indices(value: str) -> list[int]:
     return out
 
 
-def _error(message: str, status: int = 1) -> int:
-    print(f"attn-jax evaluate: error: {' '.join(str(message).split())}", file=sys.stderr)
-    return status
+def _error(message: object, status: int = 1) -> int:
+    return error_line("evaluate", message, status)
 
 
 def run_evaluate(args: argparse.Namespace) -> int:

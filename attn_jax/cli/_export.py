@@ -18,6 +18,7 @@ import argparse
 import math
 import sys
 
+from attn_jax.cli._errors import error_line
 from attn_jax.cli._translate import add_length_limit_flags, add_repetition_flags, parse_checkpoint
 from attn_jax.pipeline import WEIGHTS
 
@@ -91,9 +92,8 @@ def add_export_parser(subparsers) -> argparse.ArgumentParser:
     return p
 
 
-def _error(message: str, status: int = 1) -> int:
-    print(f"attn-jax export: error: {' '.join(str(message).split())}", file=sys.stderr)
-    return status
+def _error(message: object, status: int = 1) -> int:
+    return error_line("export", message, status)
 
 
 def run_export(args: argparse.Namespace) -> int:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from attn_jax.cli._errors import error_line
 from attn_jax.pipeline import TranslateError, load_ensemble, quiet_checkpoint_logs, score_pairs
 
 
@@ -57,9 +58,8 @@ def add_score_parser(subparsers) -> argparse.ArgumentParser:
     return p
 
 
-def _error(message: str, status: int = 1) -> int:
-    print(f"attn-jax score: error: {' '.join(str(message).split())}", file=sys.stderr)
-    return status
+def _error(message: object, status: int = 1) -> int:
+    return error_line("score", message, status)
 
 
 def run_score(args: argparse.Namespace) -> int:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from attn_jax.cli._errors import error_line
 from attn_jax.cli._translate import parse_checkpoint
 
 __all__ = ["add_serve_parser", "run_serve"]
@@ -103,9 +104,8 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
     return p
 
 
-def _error(message: str, status: int = 1) -> int:
-    print(f"attn-jax serve: error: {' '.join(str(message).split())}", file=sys.stderr)
-    return status
+def _error(message: object, status: int = 1) -> int:
+    return error_line("serve", message, status)
 
 
 def run_serve(args: argparse.Namespace) -> int:

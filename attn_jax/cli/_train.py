@@ -68,6 +68,8 @@ import os
 import re
 import sys
 
+from attn_jax.cli._errors import error_line
+
 _PREFIX = "--config."
 
 
@@ -199,8 +201,7 @@ def _error(message: str, status: int) -> int:
     from attn_jax.parallel import leaving
 
     leaving(status)  # first: in a multi-process run the others then report this process, not the reverse
-    print(f"attn-jax train: error: {' '.join(str(message).split())}", file=sys.stderr)
-    return status
+    return error_line("train", message, status)
 
 
 def _peer_lost(message: str) -> None:

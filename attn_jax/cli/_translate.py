@@ -78,6 +78,7 @@ from typing import Any
 
 import numpy as np
 
+from attn_jax.cli._errors import error_line
 from attn_jax.pipeline import (
     WEIGHTS,
     LengthLimitReport,
@@ -417,9 +418,8 @@ def _warn_constraints(results) -> None:
         )
 
 
-def _error(message: str, status: int = 1) -> int:
-    print(f"attn-jax translate: error: {' '.join(str(message).split())}", file=sys.stderr)
-    return status
+def _error(message: object, status: int = 1) -> int:
+    return error_line("translate", message, status)
 
 
 def split_lines(text: str) -> list[str]:
