@@ -330,6 +330,10 @@ class ScoreByLength:
         }
 
 
+# score_by_length's metrics: sacreBLEU's class name and the name reports use.
+_BY_LENGTH = {"chrf": ("CHRF", "chrF"), "ter": ("TER", "TER")}
+
+
 def score_by_length(
     metric: str,
     hypotheses: Sequence[str],
@@ -355,7 +359,7 @@ def score_by_length(
     >>> [(b.label, n) for b, n, _ in r.buckets][:3]
     [('0-9', 1), ('10-19', 1), ('20-29', 0)]
     """
-    if metric not in ("chrf", "ter"):
+    if metric not in _BY_LENGTH:
         raise ValueError(f"score_by_length: metric must be 'chrf' or 'ter', got {metric!r}")
     _check_pairs(hypotheses, references)
     if not hypotheses:
@@ -368,11 +372,11 @@ def score_by_length(
     else:
         _check_count("lengths", lengths, len(hypotheses))
     _check_buckets(buckets)
-    name = {"chrf": "chrF", "ter": "TER"}[metric]
+    metric_name, name = _BY_LENGTH[metric]
     # Each sentence is scored once and its statistics summed per bucket: TER's edit search is slow, and the
     # sums are the ones corpus_score of each subset would make, in the same order.
     scorer, stats, signature = _sacrebleu_statistics(
-        {"chrf": "CHRF", "ter": "TER"}[metric], name, hypotheses, references, detokenize, detokenize_lang
+        metric_name, name, hypotheses, references, detokenize, detokenize_lang
     )
     members: list[list[int]] = [[] for _ in buckets]
     for n, length in enumerate(lengths):
