@@ -33,9 +33,10 @@ def row_training(ctx: Ctx) -> Section:
         "a packed batch, an `nn.GRUCell` decoder, `nn.Linear` scorer and deep output), at 1 and 2 threads -- the "
         "speed peer the target is checked against, at its faster thread count; and `torch_peers.TorchRNNsearch`, "
         "the paper's GRU written out with attn_jax's exact parameters, which must reproduce attn_jax's losses "
-        f"(a check that both sides train the same function). The timed steps fall into {s.runs} runs of equal "
-        "length; a ratio is the median of the runs' ratios with their min–max in brackets, and the verdict "
-        f"judges the median. Target: attn_jax / fused peer ≥ {TRAIN_SPEEDUP_MIN}, at the bench size and at the "
+        f"(a check that both sides train the same function). The timed steps fall into up to {s.runs} runs of "
+        "equal length (each table's header says how many; leftover steps count in the medians only); a ratio "
+        "is the median of the runs' ratios with their min–max in brackets, and the verdict judges the median. "
+        f"Target: attn_jax / fused peer ≥ {TRAIN_SPEEDUP_MIN}, at the bench size and at the "
         "paper-like size. GFLOP/s counts the matrix products of attn_jax's train step (forward, backward and "
         "update, read off its program) for every side, since all train the same network; % peak is against the "
         "machine table's measured float32 matmul peak. CPU ms are `getrusage` of the process per step.",
@@ -103,7 +104,7 @@ def _training_at(ctx: Ctx, sec: Section, label: str, cfg, batch: int, length: in
     sec.table(
         [
             f"{label}: V={cfg.tgt_vocab}, m={cfg.embed}, n={cfg.hidden}, l={cfg.maxout}, A={cfg.align}, "
-            f"B={batch}, L={length}, {steps} timed steps",
+            f"B={batch}, L={length}, {steps} timed steps, {runs} run{'s' if runs > 1 else ''} of {per_run}",
             "threads",
             "parameters",
             "target tokens/s",
