@@ -7,6 +7,7 @@ Compile time comes from ``jax.monitoring`` duration events, so it overlaps the p
 from __future__ import annotations
 
 import contextlib
+import resource
 import time
 
 BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
@@ -22,8 +23,9 @@ class PhaseTimer:
         self.compile_s = 0.0
         self.by_name: dict[str, int] = {}
         self.seconds_by_name: dict[str, float] = {}
+        self.processes = 1
         self._t0 = time.perf_counter()
-        self._c0 = time.process_time()
+        self._c0 = self._cpu_now()
         self._listening = False
         self._open: dict[str, tuple[float, float]] = {}
 
@@ -70,19 +72,55 @@ class PhaseTimer:
         finally:
             self.stop(name)
 
+    @staticmethod
+    def _cpu_now() -> float:
+        """CPU seconds of this process and of its children that have ended."""
+        children = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return time.process_time() + children.ru_utime + children.ru_stime
+
     def total(self) -> tuple[float, float]:
-        """Wall and CPU seconds since the timer was made."""
-        return time.perf_counter() - self._t0, time.process_time() - self._c0
+        """Wall and CPU seconds since the timer was made; CPU includes child processes that have ended."""
+        return time.perf_counter() - self._t0, self._cpu_now() - self._c0
+
+    def state(self) -> dict:
+        """The phases and compile counts as plain data, for another process's timer to :meth:`add`."""
+        return {
+            "wall": dict(self.wall),
+            "cpu": dict(self.cpu),
+            "compiles": self.compiles,
+            "compile_s": self.compile_s,
+            "by_name": dict(self.by_name),
+            "seconds_by_name": dict(self.seconds_by_name),
+        }
+
+    def add(self, state: dict) -> None:
+        """Adds another process's :meth:`state`: its phases, CPU seconds and compiles count here too."""
+        for mine, theirs in ((self.wall, state["wall"]), (self.cpu, state["cpu"])):
+            for k, v in theirs.items():
+                mine[k] = mine.get(k, 0.0) + v
+        self.compiles += state["compiles"]
+        self.compile_s += state["compile_s"]
+        for mine, theirs in (
+            (self.by_name, state["by_name"]),
+            (self.seconds_by_name, state["seconds_by_name"]),
+        ):
+            for k, v in theirs.items():
+                mine[k] = mine.get(k, 0) + v
+        self.processes += 1
 
     def markdown(self) -> list[str]:
-        """A phase table: one row per phase, then compile (overlapping the phases) and total."""
+        """A phase table: one row per phase, then compile (overlapping the phases) and total.
+
+        With other processes' phases added, a phase's wall seconds are summed over the processes that ran at
+        once, so they may exceed the total, which is the elapsed time."""
         wall_total, cpu_total = self.total()
-        rows = ["| phase | wall s | CPU s |", "|---|---|---|"]
+        summed = f", summed over {self.processes} processes" if self.processes > 1 else ""
+        rows = [f"| phase | wall s{summed} | CPU s |", "|---|---|---|"]
         rows += [f"| {k} | {self.wall[k]:.1f} | {self.cpu[k]:.1f} |" for k in self.wall]
         rows.append(
             f"| compile ({self.compiles} programs, inside the phases above) | {self.compile_s:.1f} | |"
         )
-        rows.append(f"| total | {wall_total:.1f} | {cpu_total:.1f} |")
+        rows.append(f"| total{' (elapsed)' if summed else ''} | {wall_total:.1f} | {cpu_total:.1f} |")
         again = sorted((n, k) for k, n in self.by_name.items() if n > 1)[::-1]
         if again:
             rows += ["", "Compiled more than once: " + ", ".join(f"`{k}` x{n}" for n, k in again) + "."]

@@ -45,13 +45,24 @@ def test_paper_preset_prints_commands_without_training(tmp_path):
     assert not os.path.exists(tmp_path / "report.md")
 
 
-@pytest.mark.slow
-def test_smoke_run_writes_a_complete_report(tmp_path):
-    out = tmp_path / "demo"
+def _cores():
+    return sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else [0]
+
+
+@pytest.fixture(scope="module")
+def smoke_run(tmp_path_factory):
+    """The smoke demo as `make demo` runs it: with two or more cores, each system in a process on one core."""
+    out = tmp_path_factory.mktemp("smoke") / "demo"
     p = subprocess.run(
         [sys.executable, RUN, "--smoke", "--out", str(out)], capture_output=True, text=True, timeout=600
     )
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    return out, p
+
+
+@pytest.mark.slow
+def test_smoke_run_writes_a_complete_report(smoke_run):
+    out, p = smoke_run
     report = out / "report.md"
     assert f"report written to {report}" in p.stdout
     text = report.read_text(encoding="utf-8")
@@ -127,11 +138,32 @@ def test_smoke_run_writes_a_complete_report(tmp_path):
     for system in ("RNNenc", "RNNsearch", "Transformer"):
         m = re.search(rf"^\| {system} \| ([\d.]+) s .*\| ([\d.]+) s .*\| 30 \| 30 \|$", times, re.M)
         assert m and float(m.group(1)) > 0 and float(m.group(2)) > 0, system
-    # The phase table: train, evaluate and report phases, a compile count, and phases summing to at most the total.
-    phases = dict(re.findall(r"^\| (train|decode \+ evaluate|report|total) \| ([\d.]+) \|", times, re.M))
-    assert set(phases) == {"train", "decode + evaluate", "report", "total"}, phases
+    # How the systems ran: in parallel processes, one core each, wherever two or more cores are usable.
+    parallel = len(_cores()) >= 2
+    if parallel:
+        assert "Each system ran in its own process on one core, 2 at a time (`--jobs`)" in times
+        assert [line.split()[1] for line in p.stdout.splitlines() if "started on core" in line] == [
+            "RNNsearch:",
+            "Transformer:",
+            "RNNenc:",
+        ]
+        assert (out / "rnnsearch_cpu.log").read_text().startswith("== RNNsearch: training")
+    else:
+        assert "The systems ran one after another in one process on 1 core(s)" in times
+    assert json.loads((out / "results.json").read_text())["threads"] == {
+        s: 1 for s in ("RNNenc", "RNNsearch", "Transformer")
+    }
+    # The phase table: train, evaluate and report phases, a compile count, and phases summing to at most the
+    # total times the processes that ran at once (a phase's wall seconds are summed over the processes).
+    phases = dict(
+        re.findall(
+            r"^\| (train|decode \+ evaluate|report|total(?: \(elapsed\))?) \| ([\d.]+) \|", times, re.M
+        )
+    )
+    total = "total (elapsed)" if parallel else "total"
+    assert set(phases) == {"train", "decode + evaluate", "report", total}, phases
     parts = sum(float(phases[k]) for k in ("train", "decode + evaluate", "report"))
-    assert 0 < parts <= float(phases["total"]) + 0.1  # rows are rounded to 0.1 s each
+    assert 0 < parts <= (2 if parallel else 1) * float(phases[total]) + 0.1  # rows are rounded to 0.1 s each
     compiles = re.search(r"^\| compile \((\d+) programs", times, re.M)
     assert compiles and int(compiles.group(1)) > 0
 
@@ -162,3 +194,29 @@ def test_systems_flag_rejects_an_unknown_system(tmp_path):
     assert p.returncode == 2
     assert "--systems" in p.stderr and "'GPT'" in p.stderr and "Transformer" in p.stderr
     assert not os.path.exists(tmp_path / "report.md")
+
+
+@pytest.mark.slow
+def test_parallel_jobs_give_the_numbers_of_one_process_on_one_core(smoke_run, tmp_path):
+    """Each parallel job runs on one core, as the seed study's runs do (seeds.py --threads 1 runs run.py --jobs 1
+    pinned to one core): the same XLA thread count, so the same numbers to the last bit."""
+    cores = _cores()
+    if len(cores) < 2:
+        pytest.skip("one usable core: the demo runs in one process anyway")
+    out, _ = smoke_run
+    alone = tmp_path / "alone"
+    argv = [RUN, "--smoke", "--jobs", "1", "--systems", "RNNenc,RNNsearch", "--out", str(alone)]
+    pinned = (  # pinned to one core before JAX starts, as seeds.py --threads 1 pins it
+        f"import os, runpy, sys; os.sched_setaffinity(0, {{{cores[-1]}}}); sys.argv = {argv!r}; "
+        "runpy.run_path(sys.argv[0], run_name='__main__')"
+    )
+    p = subprocess.run([sys.executable, "-c", pinned], capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    assert "[RNNsearch]" not in p.stdout and "started on core" not in p.stdout
+    parallel = json.loads((out / "results.json").read_text())["systems"]
+    one = json.loads((alone / "results.json").read_text())["systems"]
+    for system in ("RNNenc", "RNNsearch"):
+        assert one[system] == parallel[system], system
+    for name in ("rnnenc_cpu", "rnnsearch_cpu"):
+        hyps = ("eval", "test", "hypotheses.txt")
+        assert (alone / name).joinpath(*hyps).read_bytes() == (out / name).joinpath(*hyps).read_bytes(), name

@@ -13,6 +13,10 @@ heatmaps of long test sentences (Figure 3), the Transformer's cross-attention on
 layer: the mean of its heads and its sharpest single head), the exact configs, seeds, package versions, the machine
 and wall times. ``--systems RNNenc,RNNsearch`` runs a subset (the paper's own two).
 
+With two or more usable cores each system trains and decodes in its own process pinned to one core, as many at
+once as there are cores (``--jobs``): one thread per system, the seed study's setting. ``--jobs 1`` runs them one
+after another in this process on all its cores.
+
 Only calls the library: no model, training or scoring code lives here. Each run's directory
 (``<out>/rnnenc_cpu``, ``<out>/rnnsearch_cpu``, ``<out>/transformer_cpu``) is deleted and retrained on every call.
 """
@@ -23,9 +27,12 @@ import argparse
 import importlib.metadata
 import json
 import os
+import pickle
 import platform
 import shutil
+import subprocess
 import sys
+import threading
 import time
 from collections.abc import Sequence
 
@@ -39,6 +46,8 @@ sys.path.insert(0, os.path.dirname(HERE))
 from phases import PhaseTimer  # noqa: E402  (per-phase timing, kept out of the library)
 
 SYSTEMS = (("RNNenc", "rnnenc_cpu"), ("RNNsearch", "rnnsearch_cpu"), ("Transformer", "transformer_cpu"))
+# The order in which parallel jobs start: the longest first, so that the last to start is the shortest.
+LONGEST_FIRST = ("RNNsearch", "Transformer", "RNNenc")
 PACKAGES = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "sacrebleu", "numpy", "attn-jax")
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -82,7 +91,19 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         default=",".join(s for s, _ in SYSTEMS),
         help="comma-separated systems to train and compare (default: %(default)s)",
     )
+    p.add_argument(
+        "--jobs",
+        type=int,
+        default=0,
+        metavar="N",
+        help="systems trained and evaluated at once, each in its own process on one core (default: one per "
+        "usable core); 1 runs them one after another in this process on all its cores",
+    )
+    p.add_argument("--job", default=None, help=argparse.SUPPRESS)  # a child of --jobs: one system
+    p.add_argument("--core", type=int, default=None, help=argparse.SUPPRESS)  # ... on this core
     args = p.parse_args(argv)
+    if args.jobs < 0:
+        p.error(f"--jobs: expected N >= 0, got {args.jobs}")
     known = [s for s, _ in SYSTEMS]
     chosen = [s.strip() for s in args.systems.split(",") if s.strip()]
     unknown = [s for s in chosen if s not in known]
@@ -136,7 +157,7 @@ def run_numbers(run: dict) -> dict:
         "bleu": ev["bleu"],
         "bleu_by_bucket": {k: (None if v is None or v != v else v) for k, v in buckets.items()},
         "step": ev["step"],
-        "best_step": run["trained"].best_step,
+        "best_step": run["best_step"],
     }
     if ev.get("aer") is not None:
         out["aer"] = ev["aer"]["aer"]
@@ -274,6 +295,7 @@ def _write_results(out: str, runs: dict, results: dict, checks, numbers: dict, r
                 "findings": [c._asdict() for c in checks],
                 "headline": numbers,
                 "seeds": {s: r["config"].seed for s, r in runs.items()},
+                "threads": {s: r["threads"] for s, r in runs.items()},
                 "recipes": recipes,
                 "xla_flags": os.environ.get("XLA_FLAGS", ""),
             },
@@ -337,9 +359,17 @@ def _appendix_markdown(
         "|---|---|---|---|---|",
     ]
     for s, r in runs.items():
-        t = r["trained"]
-        md.append(f"| {s} | {_fmt_s(r['train_s'])} | {_fmt_s(r['eval_s'])} | {t.best_step} | {t.step} |")
+        md.append(
+            f"| {s} | {_fmt_s(r['train_s'])} | {_fmt_s(r['eval_s'])} | {r['best_step']} | {r['step']} |"
+        )
     md += ["", f"Total (train + evaluate all + report): {_fmt_s(total_s)}.\n"]
+    threads = sorted({r["threads"] for r in runs.values()})
+    jobs = max(r["jobs"] for r in runs.values())
+    md.append(
+        f"Each system ran in its own process on one core, {jobs} at a time (`--jobs`), so their times overlap.\n"
+        if jobs > 1
+        else f"The systems ran one after another in one process on {threads[0]} core(s) (`--jobs 1`).\n"
+    )
     if phase_rows:
         md += ["Time per phase (this process; compile overlaps train and evaluate):\n", *phase_rows, ""]
     md += ["## Seeds\n"]
@@ -371,61 +401,182 @@ def _appendix_markdown(
     return md
 
 
+def usable_cores() -> list[int]:
+    """The CPU cores this process may run on (its affinity), or all of them where affinity is unknown."""
+    try:
+        return sorted(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return list(range(os.cpu_count() or 1))
+
+
+def _decode_settings(args: argparse.Namespace) -> tuple[int, int]:
+    """The beam size and number of test pairs: the flags, or the preset's defaults."""
+    beam = args.beam if args.beam is not None else (2 if args.smoke else 4)
+    max_examples = args.max_examples if args.max_examples is not None else (7 if args.smoke else 140)
+    return beam, max_examples
+
+
+def system_config(system: str, args: argparse.Namespace):
+    """One system's config file (with ``:smoke`` under ``--smoke``) and its config after ``--set``."""
+    from attn_jax.train import apply_overrides, load_config
+
+    name = dict(SYSTEMS)[system]
+    spec = os.path.join(REPO, "configs", f"{name}.py") + (":smoke" if args.smoke else "")
+    return spec, apply_overrides(load_config(spec), args.set)
+
+
+def run_system(system: str, args: argparse.Namespace, out: str, timer: PhaseTimer) -> dict:
+    """Trains and evaluates one system in this process; returns its run record (no arrays, so it pickles)."""
+    from attn_jax.pipeline import DecodeOptions, decode_progress, evaluate_workdir
+    from attn_jax.train import ProgressLine, train_and_evaluate
+
+    beam, max_examples = _decode_settings(args)
+    spec, config = system_config(system, args)
+    workdir = os.path.join(out, dict(SYSTEMS)[system])
+    shutil.rmtree(workdir, ignore_errors=True)
+    print(f"== {system}: training {spec} -> {workdir}", flush=True)
+    t0 = time.perf_counter()
+    with timer.phase("train"):
+        trained = train_and_evaluate(config, workdir, tty=False)
+    train_s = time.perf_counter() - t0
+    print(f"== {system}: evaluating (test split, beam {beam}, at most {max_examples} pairs)", flush=True)
+    t0 = time.perf_counter()
+    progress = decode_progress(ProgressLine(sys.stdout, tty=False, label=f"{system}: decoded", every_s=20.0))
+    with timer.phase("decode + evaluate"):
+        result = evaluate_workdir(
+            workdir,
+            split="test",
+            decode=DecodeOptions(beam_size=beam),
+            max_examples=max_examples,
+            name=system,
+            log=print,
+            progress=progress,
+            # One compiled search and one teacher-forced pass per system instead of one per width and
+            # partial batch: at these sizes compiling costs more than decoding.
+            one_shape=True,
+        )
+    return {
+        "spec": os.path.relpath(spec, REPO),
+        "workdir": workdir,
+        "step": trained.step,
+        "best_step": trained.best_step,
+        "eval": result,
+        "train_s": train_s,
+        "eval_s": time.perf_counter() - t0,
+        "threads": len(usable_cores()),  # the cores XLA's CPU thread pool was sized by
+    }
+
+
+def _job_file(out: str, system: str) -> str:
+    return os.path.join(out, dict(SYSTEMS)[system], "job.pkl")
+
+
+def run_job(args: argparse.Namespace) -> int:
+    """``--job SYSTEM``: one system's training and evaluation, in a process pinned to one core (``--core``).
+    Writes its run record and phase times to ``<out>/<run>/job.pkl`` for the parent's report."""
+    from attn_jax.pipeline import quiet_checkpoint_logs
+
+    quiet_checkpoint_logs()
+    out = os.path.abspath(args.out)
+    timer = PhaseTimer().listen()
+    run = run_system(args.job, args, out, timer)
+    timer.close()
+    path = _job_file(out, args.job)
+    with open(path + ".tmp", "wb") as f:
+        pickle.dump({"run": run, "timer": timer.state()}, f)
+    os.replace(path + ".tmp", path)
+    return 0
+
+
+def _job_command(system: str, args: argparse.Namespace, out: str) -> list[str]:
+    cmd = [sys.executable, os.path.abspath(__file__), "--job", system, "--out", out]
+    cmd += ["--smoke"] if args.smoke else []
+    cmd += ["--beam", str(args.beam)] if args.beam is not None else []
+    cmd += ["--max-examples", str(args.max_examples)] if args.max_examples is not None else []
+    for override in args.set:
+        cmd += ["--set", override]
+    return cmd
+
+
+def _relay(system: str, stream, log_path: str) -> None:
+    """Prints a job's output lines, each prefixed with its system, and keeps them in its log file."""
+    with open(log_path, "w", encoding="utf-8") as log:
+        for line in stream:
+            log.write(line)
+            log.flush()
+            print(f"[{system}] {line}", end="", flush=True)
+
+
+def run_jobs(systems: Sequence[str], args: argparse.Namespace, out: str, cores: Sequence[int]) -> dict:
+    """Runs each system as a ``--job`` process pinned to one core of ``cores``, at most one per core at a time,
+    longest first. Returns each system's run record and phase times. A failed job stops the others and raises
+    ``SystemExit`` naming its log."""
+    todo = [s for s in LONGEST_FIRST if s in systems]
+    free, running, done = list(cores), {}, {}
+    try:
+        while todo or running:
+            while todo and free:
+                system, core = todo.pop(0), free.pop(0)
+                log_path = os.path.join(out, f"{dict(SYSTEMS)[system]}.log")
+                proc = subprocess.Popen(
+                    _job_command(system, args, out) + ["--core", str(core)],
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT,
+                    text=True,
+                    cwd=REPO,
+                )
+                relay = threading.Thread(target=_relay, args=(system, proc.stdout, log_path), daemon=True)
+                relay.start()
+                print(f"== {system}: started on core {core} (log {_rel(log_path, out)})", flush=True)
+                running[system] = (proc, relay, core, log_path)
+            time.sleep(0.5)
+            for system, (proc, relay, core, log_path) in list(running.items()):
+                if proc.poll() is None:
+                    continue
+                relay.join()
+                del running[system]
+                free.append(core)
+                if proc.returncode != 0:
+                    raise SystemExit(f"error: {system} failed (exit {proc.returncode}); see {log_path}")
+                with open(_job_file(out, system), "rb") as f:
+                    done[system] = pickle.load(f)
+    finally:
+        for proc, relay, _, _ in running.values():
+            proc.terminate()
+            proc.wait()
+            relay.join()
+    return done
+
+
 def run_experiment(args: argparse.Namespace) -> str:
     """Train, evaluate and report; returns the path of report.md."""
     from attn_jax import eval as ev
-    from attn_jax.pipeline import DecodeOptions, decode_progress, evaluate_workdir, quiet_checkpoint_logs
-    from attn_jax.train import ProgressLine, apply_overrides, load_config, train_and_evaluate
+    from attn_jax.pipeline import quiet_checkpoint_logs
 
     quiet_checkpoint_logs()
-    beam = args.beam if args.beam is not None else (2 if args.smoke else 4)
-    max_examples = args.max_examples if args.max_examples is not None else (7 if args.smoke else 140)
+    beam, max_examples = _decode_settings(args)
     out = os.path.abspath(args.out)
     os.makedirs(out, exist_ok=True)
     t_start = time.perf_counter()
     timer = PhaseTimer().listen()
 
+    cores = usable_cores()
+    jobs = min(args.jobs or len(cores), len(args.systems), len(cores))
     runs = {}
-    for system, name in SYSTEMS:
-        if system not in args.systems:
-            continue
-        spec = os.path.join(REPO, "configs", f"{name}.py") + (":smoke" if args.smoke else "")
-        config = apply_overrides(load_config(spec), args.set)
-        workdir = os.path.join(out, name)
-        shutil.rmtree(workdir, ignore_errors=True)
-        print(f"== {system}: training {spec} -> {workdir}", flush=True)
-        t0 = time.perf_counter()
-        with timer.phase("train"):
-            trained = train_and_evaluate(config, workdir, tty=False)
-        train_s = time.perf_counter() - t0
-        print(f"== {system}: evaluating (test split, beam {beam}, at most {max_examples} pairs)", flush=True)
-        t0 = time.perf_counter()
-        progress = decode_progress(
-            ProgressLine(sys.stdout, tty=False, label=f"{system}: decoded", every_s=20.0)
-        )
-        with timer.phase("decode + evaluate"):
-            result = evaluate_workdir(
-                workdir,
-                split="test",
-                decode=DecodeOptions(beam_size=beam),
-                max_examples=max_examples,
-                name=system,
-                log=print,
-                progress=progress,
-                # One compiled search and one teacher-forced pass per system instead of one per width and
-                # partial batch: at these sizes compiling costs more than decoding.
-                one_shape=True,
-            )
-        eval_s = time.perf_counter() - t0
-        runs[system] = {
-            "spec": os.path.relpath(spec, REPO),
-            "config": config,
-            "workdir": workdir,
-            "trained": trained,
-            "eval": result,
-            "train_s": train_s,
-            "eval_s": eval_s,
-        }
+    if jobs > 1:
+        print(f"== {len(args.systems)} systems, {jobs} at a time, one core each (--jobs)", flush=True)
+        for system in args.systems:
+            shutil.rmtree(os.path.join(out, dict(SYSTEMS)[system]), ignore_errors=True)
+        done = run_jobs(args.systems, args, out, cores[:jobs])
+        for system in args.systems:
+            runs[system] = done[system]["run"]
+            timer.add(done[system]["timer"])
+    else:
+        for system in args.systems:
+            runs[system] = run_system(system, args, out, timer)
+    for system, run in runs.items():
+        run["config"] = system_config(system, args)[1]
+        run["jobs"] = jobs
 
     timer.start("report")
     results = {s: run_numbers(r) for s, r in runs.items()}
@@ -480,6 +631,10 @@ def run_experiment(args: argparse.Namespace) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.job is not None:
+        if args.core is not None:  # before JAX starts: XLA sizes its CPU thread pool by the usable cores
+            os.sched_setaffinity(0, {args.core})
+        return run_job(args)
     if args.preset == "paper":
         print(PAPER_COMMANDS, end="")
         return 0

@@ -2,14 +2,14 @@
 
     python experiments/bahdanau2015/seeds.py                                  # 5 seeds x 2 code paths -> runs/seeds
     python experiments/bahdanau2015/seeds.py --seeds 0,1 --code-paths default --out /tmp/s   # a subset
-    python experiments/bahdanau2015/seeds.py --threads 2 --jobs 1             # as make demo runs: 2 threads
+    python experiments/bahdanau2015/seeds.py --threads 2 --jobs 1             # two threads per run
     python experiments/bahdanau2015/seeds.py --write-ranges experiments/bahdanau2015/seed_ranges.json
 
-Each (code path, seed) is one ``run.py --systems RNNenc,RNNsearch --set seed=K`` in a subprocess whose
+Each (code path, seed) is one ``run.py --systems RNNenc,RNNsearch --set seed=K --jobs 1`` in a subprocess whose
 ``XLA_FLAGS`` selects the code path (``default``: whatever the CPU offers; ``AVX2``: ``--xla_cpu_max_isa=AVX2``,
 as on a CPU without AVX-512); ``--threads T`` (a list: ``1,2``) pins each run to T cores, so XLA's CPU thread
-pool has T threads -- how the work of one op is split between threads is a further source of rounding, and
-``make demo`` runs unpinned on every core; ``--jobs N`` runs N at once (N x T cores at most). Runs with one thread
+pool has T threads -- how the work of one op is split between threads is a further source of rounding;
+``make demo`` runs each system on one core, as ``--threads 1`` does; ``--jobs N`` runs N at once (N x T cores at most). Runs with one thread
 live in ``<out>/<path>/seed<k>``, with T > 1 in ``<out>/<path>-<T>threads/seed<k>``. A run already finished in
 ``--out`` (its ``results.json`` exists) is reused, so an interrupted study continues where it stopped.
 
@@ -100,7 +100,19 @@ def run_label(path: str, threads: int) -> str:
 
 def _command(out_dir: str, seed: int) -> list[str]:
     run = os.path.join(HERE, "run.py")
-    return [sys.executable, run, "--systems", "RNNenc,RNNsearch", "--set", f"seed={seed}", "--out", out_dir]
+    # --jobs 1: both systems in one process on the run's own cores, so --threads sets XLA's thread count.
+    return [
+        sys.executable,
+        run,
+        "--systems",
+        "RNNenc,RNNsearch",
+        "--set",
+        f"seed={seed}",
+        "--jobs",
+        "1",
+        "--out",
+        out_dir,
+    ]
 
 
 def run_all(args) -> list[dict]:
