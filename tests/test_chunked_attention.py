@@ -19,6 +19,7 @@ from jax.test_util import check_grads
 
 import attn_jax.attention._chunked as chunked_module
 import attn_jax.attention._cudnn as cudnn_module
+import attn_jax.attention._dispatch as dispatch_module
 from attn_jax.attention import chunked_dot_product_attention, dot_product_attention
 from tests.reference.chunked import attention_grads_ref
 from tests.reference.masks_dot import causal_mask_ref, dot_attention_ref
@@ -309,6 +310,48 @@ def test_default_picks_xla_for_short_and_chunked_for_long(monkeypatch, backend, 
     assert not _uses_chunked(shapes=[(long, 8), (long, 8), (long, 8)], implementation="xla")
     assert not _uses_chunked(shapes=[(long, 8), (long, 8), (long, 8)], return_weights=True)
     assert _uses_chunked(shapes=[(short, 8), (short, 8), (short, 8)], implementation="chunked")
+
+
+def test_query_blocks_by_backend_and_mask(monkeypatch):
+    # hand-computed: 1024 rows on the CPU for full attention unless 512-row blocks pad T less; 512 elsewhere
+    monkeypatch.setattr(jax, "default_backend", lambda: "cpu")
+    full = {
+        t: dispatch_module.query_chunk(t, False, None) for t in (8, 600, 1024, 1100, 1536, 2000, 2048, 2500)
+    }
+    assert full == {8: 1024, 600: 1024, 1024: 1024, 1100: 512, 1536: 512, 2000: 1024, 2048: 1024, 2500: 512}
+    assert dispatch_module.query_chunk(2048, True, None) == 512
+    assert dispatch_module.query_chunk(2048, False, (64, 64)) == 512
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    assert dispatch_module.query_chunk(2048, False, None) == 512
+
+
+def _block_products(shape, **kw):
+    """The ``[rows, cols]`` float32 logits blocks in the jaxpr of ``dot_product_attention`` on ``shape`` operands."""
+    spec = jax.ShapeDtypeStruct(shape, jnp.float32)
+    text = str(jax.make_jaxpr(functools.partial(dot_product_attention, **kw))(spec, spec, spec))
+    return {b for b in ("f32[1024,512]", "f32[512,512]", "f32[768,512]") if b in text}
+
+
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="the CPU's block sizes")
+def test_cpu_default_runs_1024_row_blocks_for_full_attention_only():
+    assert _block_products((1024, 8)) == {"f32[1024,512]"}
+    assert _block_products((768, 8)) == {"f32[768,512]"}  # one block of all 768 rows: no padded rows
+    assert _block_products((1024, 8), causal=True) == {"f32[512,512]"}
+    assert _block_products((1024, 8), local_window=100) == {"f32[512,512]"}
+
+
+@pytest.mark.numerics
+def test_cpu_default_with_a_clipped_query_block_matches_float64(rng):
+    # T = 1000: one 1000-row query block, keys in 512-blocks padded to 1024; forward and gradients
+    q, k, v, g = (_normal(rng, (1000, 8)) for _ in range(4))
+    q32, k32, v32, g32 = (jnp.asarray(x, jnp.float32) for x in (q, k, v, g))
+    out, vjp = jax.vjp(
+        lambda a, b, c: dot_product_attention(a, b, c, implementation="chunked"), q32, k32, v32
+    )
+    ref, _ = dot_attention_ref(q, k, v, None, None, None)
+    np.testing.assert_allclose(out, ref, rtol=2e-5, atol=2e-6)
+    for got, want in zip(vjp(g32), attention_grads_ref(q, k, v, g)[:3], strict=True):
+        np.testing.assert_allclose(got, want, rtol=2e-4, atol=2e-5)
 
 
 @pytest.mark.skipif(jax.default_backend() == "gpu", reason="checks the CPU error")

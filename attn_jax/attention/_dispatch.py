@@ -24,9 +24,29 @@ Implementation = Literal["xla", "chunked", "cudnn"]
 # One head's logits at which None picks "chunked": 64 MiB of float32 logits per head, of which the plain backward
 # holds 2-4 copies. Below it XLA's fused matmul-softmax beats a loop over small blocks.
 _CHUNKED_MIN_LOGITS = 4096 * 4096
-# On the CPU the blocked kernel's 512 x 512 blocks stay in cache: from T·S = 512² on it is as fast as the plain
-# path or faster, in O(T + S) memory (timings: experiments/benchmarks/README.md).
+# On the CPU the blocked kernel is as fast as the plain path or faster from T·S = 512² on, in O(T + S) memory
+# (timings: experiments/benchmarks/README.md).
 _CHUNKED_MIN_LOGITS_CPU = 512 * 512
+
+
+# On the CPU, full (non-causal, unwindowed) attention takes query blocks of up to 1024 rows, keys 512 a block.
+# The forward then runs half the loop steps of 512-row blocks, and XLA's thread pool joins once per step, so
+# the gain does not hang on one cache size. Its 1024 x 512 float32 block (2 MiB) lives in L3 on x86 server CPUs.
+# Causal and windowed calls keep 512 rows: a larger block skips fewer blocks in the future or outside the window.
+_CPU_QUERY_CHUNK = 1024
+_QUERY_CHUNK = 512
+
+
+def query_chunk(t: int, causal: bool, window) -> int:
+    """Queries per block of the ``"chunked"`` path on this backend.
+
+    1024 on the CPU for full attention, unless ``T`` needs more padding to 1024 rows than to 512 (``T = 1536``);
+    512 otherwise. A block of more rows than ``T`` is clipped to ``T``.
+    """
+    if jax.default_backend() != "cpu" or causal or window is not None:
+        return _QUERY_CHUNK
+    padded_to_1024, padded_to_512 = (-(-t // n) * n for n in (_CPU_QUERY_CHUNK, _QUERY_CHUNK))
+    return _CPU_QUERY_CHUNK if t <= _CPU_QUERY_CHUNK or padded_to_1024 <= padded_to_512 else _QUERY_CHUNK
 
 
 def _chunked_min_logits() -> int:
@@ -113,7 +133,16 @@ def run_implementation(
     )
     if implementation == "chunked":
         return _chunked_attention(
-            logits_shape, query, key, value, mask, bias, causal=causal, scale=scale, window=window
+            logits_shape,
+            query,
+            key,
+            value,
+            mask,
+            bias,
+            causal=causal,
+            scale=scale,
+            window=window,
+            query_chunk=query_chunk(logits_shape[-2], causal, window),
         )
     if implementation == "cudnn":
         return cudnn_attention(

@@ -96,7 +96,8 @@ def row_dot_product(ctx: Ctx) -> Section:
     sec.notes.append(
         "`path` is what `implementation=None` chose: `xla` (plain), `chunked` (one head's logits ≥ 512² on the "
         "CPU, ≥ 4096² elsewhere; see `attn_jax/attention/_dispatch.py`) or `cudnn`. On the CPU the chunked "
-        "kernel loops over (batch, head) with `lax.map`, so each step's 512 × 512 block stays in cache."
+        "kernel loops over (batch, head) with `lax.map`, in blocks of 1024 queries × 512 keys (512 × 512 when "
+        "causal or windowed)."
     )
     return sec
 
