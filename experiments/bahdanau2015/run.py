@@ -562,6 +562,12 @@ def run_experiment(args: argparse.Namespace) -> str:
 
     cores = usable_cores()
     jobs = min(args.jobs or len(cores), len(args.systems), len(cores))
+    if jobs > 1 and not hasattr(os, "sched_setaffinity"):  # a job cannot be pinned to one core here
+        print(
+            f"== --jobs {jobs}: this OS cannot pin a process to a core; running one system at a time",
+            flush=True,
+        )
+        jobs = 1
     runs = {}
     if jobs > 1:
         print(f"== {len(args.systems)} systems, {jobs} at a time, one core each (--jobs)", flush=True)
