@@ -371,7 +371,8 @@ def _appendix_markdown(
         else f"The systems ran one after another in one process on {threads[0]} core(s) (`--jobs 1`).\n"
     )
     if phase_rows:
-        md += ["Time per phase (this process; compile overlaps train and evaluate):\n", *phase_rows, ""]
+        where = "every process, summed" if jobs > 1 else "this process"
+        md += [f"Time per phase ({where}; compile overlaps train and evaluate):\n", *phase_rows, ""]
     md += ["## Seeds\n"]
     for s, r in runs.items():
         c = r["config"]
