@@ -4,7 +4,8 @@ Conventions chosen here (stated once, relied on by the models):
 
 * :func:`sinusoidal_positions` uses Vaswani et al.'s exact *interleaved* form — ``sin`` at even features,
   ``cos`` at odd ones — not the concatenated ``[sin…, cos…]`` layout of Tensor2Tensor/Flax examples (same
-  information, a fixed permutation of features).
+  information, a fixed permutation of features); ``layout="halves"`` gives that concatenated layout, which
+  Marian (OPUS-MT) checkpoints use with the paper's frequencies.
 * :func:`rotary_embedding` rotates *interleaved* pairs ``(2i, 2i+1)`` by default, as in the RoFormer paper;
   ``interleaved=False`` rotates the half-split pairs ``(i, i + K/2)`` used by GPT-NeoX, Llama and Gemma
   checkpoints.
@@ -18,6 +19,8 @@ import numpy as np
 
 from attn_jax.attention._checks import check_floating, check_min_rank, positive_int, shape_str
 from attn_jax.typing import Array, Float, Int, PRNGKeyArray
+
+SINUSOIDAL_LAYOUTS: tuple[str, ...] = ("interleaved", "halves")
 
 
 def _check_even(name: str, n: int) -> None:
@@ -35,6 +38,7 @@ def sinusoidal_positions(
     features: int,
     *,
     max_timescale: float = 10000.0,
+    layout: str = "interleaved",
     dtype=jnp.float32,
 ) -> Float[Array, "... L D"]:
     r"""Fixed sinusoidal position encodings, interleaved exactly as in Vaswani et al. 2017, §3.5.
@@ -43,13 +47,15 @@ def sinusoidal_positions(
         PE_{(pos, 2i+1)} = \cos\!\big(pos / 10000^{2i/D}\big)
 
     For every shift ``k`` there is a fixed rotation (one 2×2 block per frequency) mapping ``PE(pos)`` to
-    ``PE(pos + k)`` — the property the paper gives for choosing sinusoids.
+    ``PE(pos + k)`` — the property the paper gives for choosing sinusoids. ``layout="halves"`` puts the same
+    values as ``[sin(pos·ω_0..ω_{D/2-1}) | cos(pos·ω_0..ω_{D/2-1})]``: the layout of Marian (OPUS-MT) checkpoints.
 
     Args:
       positions: an int ``L`` (positions ``0..L-1``; computed in float64 NumPy, so exact even for long ``L``)
         or integer positions ``[..., L]`` (computed in float32; may be traced).
       features: ``D``, must be even.
       max_timescale: the ``10000`` above.
+      layout: ``"interleaved"`` (the paper's) or ``"halves"`` (all sines, then all cosines).
       dtype: output dtype.
 
     Returns:
@@ -60,18 +66,21 @@ def sinusoidal_positions(
            [0.841, 0.54 , 0.01 , 1.   ]], dtype=float32)
     """
     _check_even("features", features)
+    if layout not in SINUSOIDAL_LAYOUTS:
+        raise ValueError(f"layout must be one of {', '.join(SINUSOIDAL_LAYOUTS)}, got {layout!r}")
+    axis = -1 if layout == "interleaved" else -2  # stack sin/cos per frequency, or sines then cosines
     if _is_static_int(positions):
         if positions < 0:
             raise ValueError(f"positions must be a non-negative length, got {positions}")
         inv_freq = float(max_timescale) ** (-np.arange(0, features, 2, dtype=np.float64) / features)
         angles = np.arange(positions, dtype=np.float64)[:, None] * inv_freq  # [L, D/2]
-        pe = np.stack([np.sin(angles), np.cos(angles)], axis=-1).reshape(positions, features)
+        pe = np.stack([np.sin(angles), np.cos(angles)], axis=axis).reshape(positions, features)
         return jnp.asarray(pe, dtype)
     check_min_rank("positions", positions, 1)
     positions = jnp.asarray(positions)
     inv_freq = jnp.asarray(float(max_timescale) ** (-np.arange(0, features, 2) / features), jnp.float32)
     angles = positions.astype(jnp.float32)[..., None] * inv_freq  # [..., L, D/2]
-    pe = jnp.stack([jnp.sin(angles), jnp.cos(angles)], axis=-1)  # [..., L, D/2, 2]
+    pe = jnp.stack([jnp.sin(angles), jnp.cos(angles)], axis=axis)  # [..., L, D/2, 2] or [..., L, 2, D/2]
     return pe.reshape(*positions.shape, features).astype(dtype)
 
 

@@ -1,4 +1,4 @@
-"""The ``attn-jax`` command: one argparse subcommand per task (``data``, ``train``, ``translate``, ``evaluate``, ``score``, ``average``, ``export``, ``serve``)."""
+"""The ``attn-jax`` command: one argparse subcommand per task (``data``, ``train``, ``translate``, ``evaluate``, ``score``, ``average``, ``export``, ``import-hf``, ``serve``)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from attn_jax.cli._average import add_average_parser
 from attn_jax.cli._data import add_data_parser
 from attn_jax.cli._evaluate import add_evaluate_parser
 from attn_jax.cli._export import add_export_parser
+from attn_jax.cli._import_hf import add_import_hf_parser
 from attn_jax.cli._noise import add_verbose_flag, debug_log_path, route_library_noise
 from attn_jax.cli._score import add_score_parser
 from attn_jax.cli._serve import add_serve_parser
@@ -63,6 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
         add_score_parser,
         add_average_parser,
         add_export_parser,
+        add_import_hf_parser,
     )
     for add_reader in readers:
         add_verbose_flag(add_reader(subparsers))

@@ -65,6 +65,7 @@ from attn_jax.data._synthetic import (
     parse_source,
     translate_source,
 )
+from attn_jax.data._marian import MarianVocabulary, marian_order
 from attn_jax.data._tfds_synthetic import AttnJaxSynthetic, SyntheticConfig
 from attn_jax.data._vocab import (
     BOS_ID,
@@ -104,6 +105,8 @@ __all__ = [
     "ParallelCorpus",
     "PreparedCorpus",
     "SentencePieceVocabulary",
+    "MarianVocabulary",
+    "marian_order",
     "SyntheticConfig",
     "SyntheticPair",
     "SyntheticSpec",

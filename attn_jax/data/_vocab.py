@@ -3,7 +3,8 @@
 Every vocabulary maps ``<pad>`` to 0, ``<s>`` to 1, ``</s>`` to 2 and ``<unk>`` to 3. ``encode`` never adds
 ``<s>``/``</s>`` (the batcher does); ``decode`` drops ``<pad>``/``<s>`` and stops at the first ``</s>``.
 ``save(directory)`` writes ``vocab.json`` (and ``spm.model`` for SentencePiece); :func:`load_vocabulary` reads
-either back, so a checkpoint can keep the exact vocabulary it was trained with.
+either back, so a checkpoint can keep the exact vocabulary it was trained with. It also reads the vocabulary of
+an imported Marian checkpoint (:class:`attn_jax.data.MarianVocabulary`).
 """
 
 from __future__ import annotations
@@ -272,7 +273,7 @@ class SentencePieceVocabulary:
         return f"SentencePieceVocabulary(size={self.size})"
 
 
-def load_vocabulary(directory: str | os.PathLike) -> WordVocabulary | SentencePieceVocabulary:
+def load_vocabulary(directory: str | os.PathLike) -> Vocabulary:
     """Read a vocabulary written by ``save(directory)``.
 
     A missing, damaged or foreign file raises :class:`CorpusError` in one line naming the file.
@@ -294,12 +295,21 @@ def load_vocabulary(directory: str | os.PathLike) -> WordVocabulary | SentencePi
             if not isinstance(tokens, list) or not all(isinstance(t, str) for t in tokens):
                 raise ValueError("its tokens are not a list of strings")
             return WordVocabulary(tokens, lowercase=bool(lowercase))
-        if kind == "sentencepiece":
+        if kind in ("sentencepiece", "marian"):
             model = meta["model"]
             if not isinstance(model, str):
                 raise ValueError(f"its model is not a file name: {model!r}")
+            if kind == "marian":
+                tokens = meta["tokens"]
+                if not isinstance(tokens, list) or not all(isinstance(t, str) for t in tokens):
+                    raise ValueError("its tokens are not a list of strings")
             with open(os.path.join(directory, model), "rb") as f:
-                return SentencePieceVocabulary(f.read())
+                proto = f.read()
+            if kind == "marian":
+                from attn_jax.data._marian import MarianVocabulary
+
+                return MarianVocabulary(tokens, proto)
+            return SentencePieceVocabulary(proto)
     except KeyError as e:
         raise CorpusError(f"{path}: not a saved vocabulary (no {e.args[0]!r})") from None
     except OSError as e:

@@ -1,7 +1,8 @@
 """Load an export written by ``attn-jax export`` and translate with it, with jax, numpy and the vocabulary files.
 
 Nothing here imports Flax or a model: the search is the serialized StableHLO, the weights are arrays in
-``weights.npz`` and tokenisation reads ``vocab/*/vocab.json`` (and ``spm.model`` for SentencePiece).
+``weights.npz`` and tokenisation reads ``vocab/*/vocab.json`` (and ``spm.model`` for SentencePiece and for an
+imported Marian model).
 """
 
 from __future__ import annotations
@@ -89,11 +90,17 @@ class _Vocabulary:
                 self.tokens = list(meta["tokens"])
                 self.lowercase = bool(meta["lowercase"])
                 self._ids = {t: i for i, t in enumerate(self.tokens)}
-            elif self.kind == "sentencepiece":
+            elif self.kind in ("sentencepiece", "marian"):
                 import sentencepiece as spm
 
                 with open(os.path.join(directory, meta["model"]), "rb") as f:
                     self._sp = spm.SentencePieceProcessor(model_proto=f.read())
+                if self.kind == "marian":  # pieces in attn-jax's id order (attn_jax.data.MarianVocabulary)
+                    self.tokens = list(meta["tokens"])
+                    self._ids = {}
+                    for i, t in enumerate(self.tokens):
+                        self._ids.setdefault(t, i)
+                    self._ids["<pad>"], self._ids["<s>"] = PAD_ID, BOS_ID
             else:
                 raise ValueError(f"unknown vocabulary kind {self.kind!r}")
         except ImportError as e:
@@ -107,12 +114,29 @@ class _Vocabulary:
         """Token ids of ``text`` (no ``</s>``), as ``attn_jax.data``'s vocabularies encode it."""
         if self.kind == "word":
             return [self._ids.get(w, UNK_ID) for w in (text.lower() if self.lowercase else text).split()]
+        if self.kind == "marian":
+            head = []
+            if text.startswith(">>") and (end := text.find("<<")) != -1 and text[: end + 2] in self._ids:
+                head, text = [self._ids[text[: end + 2]]], text[end + 2 :]
+            return head + [self._ids.get(p, UNK_ID) for p in self._sp.encode(text, out_type=str)]
         return list(self._sp.encode(text, out_type=int))
 
     def decode(self, ids: Sequence[int]) -> str:
         """The text of target ids without ``</s>``: words joined by spaces, or SentencePiece's detokenisation."""
         if self.kind == "word":
             return " ".join(self.tokens[i] for i in ids)
+        if self.kind == "marian":
+            out, run = [], []
+            for i in ids:
+                if i in (PAD_ID, BOS_ID):
+                    continue
+                if i == UNK_ID:
+                    out.append(self._sp.decode_pieces(run) + "<unk> ")
+                    run = []
+                else:
+                    run.append(self.tokens[i])
+            out.append(self._sp.decode_pieces(run))
+            return "".join(out).replace("\u2581", " ").strip()
         return self._sp.decode([i for i in ids if i not in (PAD_ID, BOS_ID)])
 
 

@@ -112,12 +112,18 @@ __all__ = [
 ]
 
 Norm = Literal["pre", "post"]
-Positions = Literal["sinusoidal", "learned", "rope", "alibi", "relative"]
+Positions = Literal["sinusoidal", "sinusoidal_halves", "learned", "rope", "alibi", "relative"]
 Sharing = Literal["none", "decoder", "all"]
 NORMS: tuple[str, ...] = ("pre", "post")
-POSITIONS: tuple[str, ...] = ("sinusoidal", "learned", "rope", "alibi", "relative")
+POSITIONS: tuple[str, ...] = ("sinusoidal", "sinusoidal_halves", "learned", "rope", "alibi", "relative")
 SHARINGS: tuple[str, ...] = ("none", "decoder", "all")
-_LN_EPS = 1e-6
+# The FFN's nonlinearity: the paper's ReLU, GELU exact (erf) or tanh-approximated, and swish (SiLU, OPUS-MT's).
+ACTIVATIONS: dict[str, object] = {
+    "relu": jax.nn.relu,
+    "gelu": lambda x: jax.nn.gelu(x, approximate=False),
+    "gelu_tanh": lambda x: jax.nn.gelu(x, approximate=True),
+    "swish": jax.nn.silu,
+}
 _QKV = ("query", "key", "value")
 _TRUNCATED_NORMAL_STD = 0.87962566103423978  # std of a unit normal truncated to [-2, 2]
 
@@ -144,8 +150,8 @@ class TransformerConfig:
       dropout: ``P_drop`` on embeddings and sub-layer outputs, in ``[0, 1)`` (paper: 0.1).
       norm: ``"post"`` (the paper: LayerNorm after each residual add) or ``"pre"`` (before each sub-layer,
         plus a final LayerNorm per stack; trains without warm-up tricks).
-      positions: ``"sinusoidal"`` (the paper), ``"learned"``, ``"rope"``, ``"alibi"`` or ``"relative"`` (see
-        the module docstring).
+      positions: ``"sinusoidal"`` (the paper), ``"sinusoidal_halves"`` (the same values, sines then cosines:
+        Marian's layout), ``"learned"``, ``"rope"``, ``"alibi"`` or ``"relative"`` (see the module docstring).
       max_length: longest target sequence the decoder's cache holds by default, and with learned positions the
         rows of each position table (the longest source and target).
       max_relative_positions: ``k``, the clipping distance of ``"relative"`` positions (Shaw et al. 2018 used
@@ -158,6 +164,10 @@ class TransformerConfig:
       share_embeddings: ``"none"``; ``"decoder"`` ties the target embedding and the pre-softmax projection
         (§3.4); ``"all"`` also uses it as the source embedding (the paper's setting, which needs a joint
         source–target vocabulary, hence equal sizes).
+      activation: the FFN's nonlinearity: ``"relu"`` (the paper), ``"gelu"`` (exact), ``"gelu_tanh"`` or
+        ``"swish"`` (``x·σ(x)``, the OPUS-MT models').
+      layer_norm_eps: the ``ε`` of every LayerNorm (``1e-6`` here; PyTorch and Marian checkpoints use ``1e-5``).
+      scale_embeddings: multiply token embeddings by ``√d`` (§3.4); False for checkpoints trained without it.
       param_dtype: dtype the parameters are stored in.
       dtype: compute dtype of matmul operands and activations entering them (``"bfloat16"`` for mixed
         precision); the residual stream, LayerNorm, softmax and logits stay float32.
@@ -179,6 +189,9 @@ class TransformerConfig:
     max_relative_positions: int = 16
     share_embeddings: Sharing = "decoder"
     normalizer: str = "softmax"
+    activation: str = "relu"
+    layer_norm_eps: float = 1e-6
+    scale_embeddings: bool = True
     param_dtype: str = "float32"
     dtype: str = "float32"
 
@@ -218,6 +231,17 @@ class TransformerConfig:
                 raise ValueError(
                     f"transformer config: {name} must be one of {', '.join(allowed)}; got {getattr(self, name)!r}"
                 )
+        if self.activation not in ACTIVATIONS:
+            raise ValueError(
+                f"transformer config: activation must be one of {', '.join(ACTIVATIONS)}; got {self.activation!r}"
+            )
+        eps = self.layer_norm_eps
+        if isinstance(eps, bool) or not isinstance(eps, int | float) or not 0 < eps < 1:
+            raise ValueError(f"transformer config: layer_norm_eps must be a number in (0, 1), got {eps!r}")
+        if not isinstance(self.scale_embeddings, bool | np.bool_):
+            raise ValueError(
+                f"transformer config: scale_embeddings must be a bool, got {self.scale_embeddings!r}"
+            )
         if self.normalizer not in NORMALIZERS:
             raise ValueError(
                 f"transformer config: normalizer must be one of {', '.join(NORMALIZERS)}; got {self.normalizer!r}"
@@ -227,7 +251,7 @@ class TransformerConfig:
                 f"transformer config: relative positions take the softmax only (attn_jax.relative_attention has no "
                 f"normalizer); got normalizer {self.normalizer!r}"
             )
-        if self.positions == "sinusoidal" and self.d_model % 2:
+        if self.positions.startswith("sinusoidal") and self.d_model % 2:
             raise ValueError(
                 f"transformer config: sinusoidal positions need an even d_model, got {self.d_model}"
             )
@@ -243,6 +267,8 @@ class TransformerConfig:
             )
         canonicalize_dtypes(self, "transformer config")
         object.__setattr__(self, "dropout", float(self.dropout))
+        object.__setattr__(self, "layer_norm_eps", float(self.layer_norm_eps))
+        object.__setattr__(self, "scale_embeddings", bool(self.scale_embeddings))
 
     @property
     def head_dim(self) -> int:
@@ -341,12 +367,12 @@ class TransformerIntermediates(NamedTuple):
 # ------------------------------------------------------------------------------------ the functional core
 
 
-def _layer_norm(p: dict, x: Float[Array, "... D"]) -> Float[Array, "... D"]:
+def _layer_norm(p: dict, x: Float[Array, "... D"], eps: float) -> Float[Array, "... D"]:
     """LayerNorm (Ba et al. 2016) over the last axis, statistics and output in float32."""
     x = x.astype(jnp.float32)
     mean = jnp.mean(x, axis=-1, keepdims=True)
     var = jnp.mean(jnp.square(x - mean), axis=-1, keepdims=True)
-    y = (x - mean) * jax.lax.rsqrt(var + _LN_EPS)
+    y = (x - mean) * jax.lax.rsqrt(var + eps)
     return y * p["scale"].astype(jnp.float32) + p["bias"].astype(jnp.float32)
 
 
@@ -356,9 +382,9 @@ def _dense(x: Float[Array, "... I"], w: Float[Array, "I O"], b: Float[Array, " O
     return y + b.astype(jnp.float32)
 
 
-def _ffn(p: dict, x: Float[Array, "... D"]) -> Float[Array, "... D"]:
-    """``max(0, x W_1 + b_1) W_2 + b_2`` (§3.3), returned in ``x``'s dtype."""
-    h = jax.nn.relu(_dense(x, p["w_1"], p["b_1"])).astype(x.dtype)
+def _ffn(p: dict, x: Float[Array, "... D"], activation: str = "relu") -> Float[Array, "... D"]:
+    """``f(x W_1 + b_1) W_2 + b_2`` (§3.3; ``f = max(0, ·)`` in the paper), returned in ``x``'s dtype."""
+    h = ACTIVATIONS[activation](_dense(x, p["w_1"], p["b_1"])).astype(x.dtype)
     return _dense(h, p["w_2"], p["b_2"]).astype(x.dtype)
 
 
@@ -444,16 +470,16 @@ def _self_attention(
     return _attend_heads(p["out"], q, k, v, mask, positional, normalizer)
 
 
-def _sublayer(norm: str, p_norm: dict, x, fn, dtype, rate: float, keep):
+def _sublayer(c: TransformerConfig, p_norm: dict, x, fn, rate: float, keep):
     """A residual sub-layer: ``LN(x + Drop(fn(x)))`` (post) or ``x + Drop(fn(LN(x)))`` (pre).
 
     ``fn`` maps compute-dtype activations to ``(output, aux)``; returns ``(x, aux)`` with ``x`` float32.
     """
-    h = _layer_norm(p_norm, x) if norm == "pre" else x
-    out, aux = fn(h.astype(dtype))
+    h = _layer_norm(p_norm, x, c.layer_norm_eps) if c.norm == "pre" else x
+    out, aux = fn(h.astype(jnp.dtype(c.dtype)))
     x = x + _dropout(out.astype(jnp.float32), rate, keep)
-    if norm == "post":
-        x = _layer_norm(p_norm, x)
+    if c.norm == "post":
+        x = _layer_norm(p_norm, x, c.layer_norm_eps)
     return x, aux
 
 
@@ -587,7 +613,6 @@ class TransformerEncoderLayer(nnx.Module):
           rope_positions: the RoPE positions of packed rows; ``None``: ``0..S-1``.
         """
         c = self.config
-        dtype = jnp.dtype(c.dtype)
         p = _layer_params(self, self._NAMES)
         src_pos = jnp.arange(x.shape[1])
         positional = _positional(c, p.get("relative"), src_pos, src_pos)
@@ -600,10 +625,10 @@ class TransformerEncoderLayer(nnx.Module):
             )
 
         def ffn(h):
-            return _ffn(p["ffn"], h), None
+            return _ffn(p["ffn"], h, c.activation), None
 
-        x, _ = _sublayer(c.norm, p["attention_norm"], x, attention, dtype, c.dropout, _mask(keep, 0))
-        x, _ = _sublayer(c.norm, p["ffn_norm"], x, ffn, dtype, c.dropout, _mask(keep, 1))
+        x, _ = _sublayer(c, p["attention_norm"], x, attention, c.dropout, _mask(keep, 0))
+        x, _ = _sublayer(c, p["ffn_norm"], x, ffn, c.dropout, _mask(keep, 1))
         return x
 
 
@@ -720,7 +745,6 @@ class TransformerDecoderLayer(nnx.Module):
     def _sublayers(self, p, y, self_attention, kv, cross_mask, keep):
         """Self-attention (``self_attention(h) -> (out, aux)``), cross-attention, FFN: ``(y, weights, aux)``."""
         c = self.config
-        dtype = jnp.dtype(c.dtype)
 
         def cross_attention(h):
             q = project_heads(p["cross_attention"]["query"], h)  # [B, H, T, K]
@@ -729,15 +753,11 @@ class TransformerDecoderLayer(nnx.Module):
             )
 
         def ffn(h):
-            return _ffn(p["ffn"], h), None
+            return _ffn(p["ffn"], h, c.activation), None
 
-        y, aux = _sublayer(
-            c.norm, p["self_attention_norm"], y, self_attention, dtype, c.dropout, _mask(keep, 0)
-        )
-        y, weights = _sublayer(
-            c.norm, p["cross_attention_norm"], y, cross_attention, dtype, c.dropout, _mask(keep, 1)
-        )
-        y, _ = _sublayer(c.norm, p["ffn_norm"], y, ffn, dtype, c.dropout, _mask(keep, 2))
+        y, aux = _sublayer(c, p["self_attention_norm"], y, self_attention, c.dropout, _mask(keep, 0))
+        y, weights = _sublayer(c, p["cross_attention_norm"], y, cross_attention, c.dropout, _mask(keep, 1))
+        y, _ = _sublayer(c, p["ffn_norm"], y, ffn, c.dropout, _mask(keep, 2))
         return y, weights, aux
 
 
@@ -784,11 +804,15 @@ class Transformer(nnx.Module):
     def _embed(
         self, table, positions_table, tokens: Int[Array, "B T"], positions, keep
     ) -> Float[Array, "B T D"]:
-        """``Dropout(E[w]·√d + PE)`` in float32; ``positions`` is ``[B or 1, T]`` int."""
+        """``Dropout(E[w]·√d + PE)`` in float32 (``√d`` unless ``scale_embeddings`` is off); ``positions`` is
+        ``[B or 1, T]`` int."""
         c = self.config
-        x = jnp.take(table, tokens, axis=0).astype(jnp.float32) * math.sqrt(c.d_model)
-        if c.positions == "sinusoidal":
-            x = x + sinusoidal_positions(positions, c.d_model)
+        x = jnp.take(table, tokens, axis=0).astype(jnp.float32)
+        if c.scale_embeddings:
+            x = x * math.sqrt(c.d_model)
+        if c.positions in ("sinusoidal", "sinusoidal_halves"):
+            layout = "halves" if c.positions == "sinusoidal_halves" else "interleaved"
+            x = x + sinusoidal_positions(positions, c.d_model, layout=layout)
         elif c.positions == "learned":
             x = x + learned_positions(positions_table, positions).astype(jnp.float32)
         return _dropout(x, c.dropout, keep)
@@ -861,7 +885,7 @@ class Transformer(nnx.Module):
             keep = keep[1:].reshape(c.encoder_layers, 2, *keep.shape[1:])
         x, per_layer = _scan_layers(self.encoder, layer, x, keep)
         if self.encoder_norm is not None:
-            x = _layer_norm(unwrap(self.encoder_norm), x)
+            x = _layer_norm(unwrap(self.encoder_norm), x, c.layer_norm_eps)
         memory = jnp.where(src_mask[..., None], x, 0.0).astype(dtype)  # zero at padding
         cross = unwrap(self.decoder.cross_attention)
         # Every decoder layer's cross-attention keys and values, once per source batch: [B, L_dec, G, S, K].
@@ -912,7 +936,7 @@ class Transformer(nnx.Module):
             keep = keep[1:].reshape(c.decoder_layers, 3, *keep.shape[1:])
         y, per_layer = _scan_layers(self.decoder, layer, y, (jnp.moveaxis(enc.keys, 1, 0), keep))
         if self.decoder_norm is not None:
-            y = _layer_norm(unwrap(self.decoder_norm), y)
+            y = _layer_norm(unwrap(self.decoder_norm), y, c.layer_norm_eps)
         return y, per_layer
 
     def init_decoder_state(
@@ -957,7 +981,7 @@ class Transformer(nnx.Module):
         xs = (jnp.moveaxis(enc.keys, 1, 0), jnp.moveaxis(state.keys, 1, 0), jnp.moveaxis(state.values, 1, 0))
         y, ((keys, values), weights) = _scan_layers(self.decoder, layer, y, xs)
         if self.decoder_norm is not None:
-            y = _layer_norm(unwrap(self.decoder_norm), y)
+            y = _layer_norm(unwrap(self.decoder_norm), y, c.layer_norm_eps)
         logits = self._logits(y[:, 0])
         logits = jnp.where((pos < capacity)[:, None], logits, jnp.nan)  # past the cache: loudly wrong
         new_state = TransformerDecoderState(

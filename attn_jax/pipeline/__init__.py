@@ -22,7 +22,9 @@ alike (``experiments/`` call these, never ``attn_jax.cli*``)::
   :func:`hypothesis_cross_attention`, :func:`sharpest_head`, :func:`figure3_examples`, :class:`HeatmapPick`;
 * BLEU settings (``_bleu``): :func:`bleu_options` (``attn_jax.eval.BleuSettings`` holds the settings);
 * scoring given translations (``_score``): :func:`score_pairs`, :class:`ScoredPair`;
-* evaluating (``_evaluate``): :func:`evaluate_workdir`; progress (``_progress``): :func:`decode_progress`.
+* evaluating (``_evaluate``): :func:`evaluate_workdir`; progress (``_progress``): :func:`decode_progress`;
+* importing a Hugging Face Marian checkpoint (``_marian``): :func:`import_marian`, :func:`read_marian`,
+  :class:`MarianImportError`, :class:`ImportedRun`.
 
 Importing this package needs only numpy (and jax, through ``attn_jax``); Flax, orbax, the data readers and
 sacreBLEU are imported when a function needs them.
@@ -36,6 +38,7 @@ from attn_jax.pipeline._attention import (
     sharpest_head,
 )
 from attn_jax.pipeline._bleu import bleu_options
+from attn_jax.pipeline._marian import ImportedRun, MarianImportError, import_marian, read_marian
 from attn_jax.pipeline._evaluate import evaluate_workdir
 from attn_jax.pipeline._length import (
     LengthLimitReport,
@@ -68,8 +71,10 @@ __all__ = [
     "WEIGHTS",
     "DecodeOptions",
     "HeatmapPick",
+    "ImportedRun",
     "LengthLimitReport",
     "LoadedModel",
+    "MarianImportError",
     "ScoredPair",
     "TranslateError",
     "Translation",
@@ -78,6 +83,7 @@ __all__ = [
     "evaluate_workdir",
     "figure3_examples",
     "hypothesis_cross_attention",
+    "import_marian",
     "length_batches",
     "length_limit",
     "length_limit_report",
@@ -89,6 +95,7 @@ __all__ = [
     "pad_rows",
     "padded_width",
     "quiet_checkpoint_logs",
+    "read_marian",
     "reference_attention",
     "score_pairs",
     "select_examples",

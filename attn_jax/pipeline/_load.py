@@ -88,7 +88,9 @@ def load_model(
         raise TranslateError(f"{workdir}: no checkpoint at step {checkpoint} (kept: {steps})")
     try:
         step = checkpoint if isinstance(checkpoint, int) else None
-        restored = load_checkpoint(workdir, step, best=checkpoint == "best")
+        # An imported run has one checkpoint and no validation metrics: "best" is that checkpoint.
+        imported = os.path.isfile(os.path.join(workdir, "imported.json"))
+        restored = load_checkpoint(workdir, step, best=checkpoint == "best" and not imported)
     except (FileNotFoundError, CheckpointUnreadable) as e:
         raise TranslateError(str(e)) from None
     try:
