@@ -32,7 +32,7 @@ from flax import nnx
 
 from attn_jax.decoding import _constrained
 from attn_jax.decoding._penalties import length_penalty, normalized_score
-from attn_jax.models.interface import check_source, gather_batch, repeat_batch
+from attn_jax.models.interface import check_source, gather_batch, initial_state, repeat_batch
 from attn_jax.typing import Array, ArrayLike, Bool, Float, Int
 
 __all__ = ["BeamResult", "beam_search", "greedy_decode", "output_length"]
@@ -494,7 +494,7 @@ def _search(
     encs, dec0 = [], []
     for m in models:
         enc = m.encode(src, src_mask) if src_ext is None else m.encode(src, src_mask, src_ext)
-        dec0.append(repeat_batch(m.init_decoder_state(enc), k))
+        dec0.append(repeat_batch(initial_state(m, enc, length), k))
         encs.append(repeat_batch(enc, k))
 
     max_lp = length_penalty(limit, alpha)  # [B] the largest lp any finished hypothesis can reach

@@ -29,7 +29,7 @@ from attn_jax.decoding._beam import (
     ensemble_step,
     output_length,
 )
-from attn_jax.models.interface import check_source, repeat_batch
+from attn_jax.models.interface import check_source, initial_state, repeat_batch
 from attn_jax.typing import Array, ArrayLike, Bool, Float, Int
 
 __all__ = ["Sampling", "sample_decode"]
@@ -324,7 +324,7 @@ def _sample(
     encs, dec0 = [], []
     for m in models:
         enc = m.encode(src, src_mask) if src_ext is None else m.encode(src, src_mask, src_ext)
-        dec0.append(repeat_batch(m.init_decoder_state(enc), n))
+        dec0.append(repeat_batch(initial_state(m, enc, length), n))
         encs.append(repeat_batch(enc, n))
     sentence_keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, ids)  # [B]
 

@@ -35,6 +35,7 @@ __all__ = [
     "check_source",
     "check_tokens",
     "gather_batch",
+    "initial_state",
     "repeat_batch",
 ]
 
@@ -103,6 +104,20 @@ class Seq2SeqModel(Protocol[StateT]):
     ) -> tuple[Float[Array, "B T V"], Float[Array, "B T S"] | None]:
         """Teacher forcing: ``(logits [B, T, V] float32, attention [B, T, S] or None)``."""
         ...
+
+
+def initial_state(model: Any, enc: EncoderOutput, length: int) -> Any:
+    """The decoder state before the first of at most ``length`` steps.
+
+    A model whose ``init_decoder_state`` takes ``cache_length`` (the Transformer) gets a cache of exactly
+    ``length`` slots. A step then attends ``length`` slots, not the model's ``max_length``, which a
+    checkpoint's 512 positions would make many times slower. Other models take no such argument.
+    """
+    import inspect
+
+    if "cache_length" in inspect.signature(model.init_decoder_state).parameters:
+        return model.init_decoder_state(enc, cache_length=length)
+    return model.init_decoder_state(enc)
 
 
 def repeat_batch(tree: Any, n: int) -> Any:

@@ -424,7 +424,7 @@ def _run_config(model_config) -> dict:
     c.data.tgt_vocab_size = model_config.tgt_vocab
     c.data.joint_vocab = True
     c.data.max_source_length = model_config.max_length
-    c.data.max_target_length = model_config.max_length
+    c.data.max_target_length = 0  # no trained length: the ratio rule alone sets the limit
     c.train_steps = 0
     return c.to_dict()
 
