@@ -14,7 +14,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.attn-jax-installed
-EXTRAS ?= all,dev,docs
+EXTRAS ?= all,dev,docs,peers
 # Two workers on CI's two cores; a file's tests stay on one worker so module fixtures (trained runs) build once.
 # --durations=25: every CI log lists the slowest tests, the ones to trim when the suite outgrows its budget.
 # `heavy` tests (multi-process training, whole sharded trainer runs: minutes of compiling each) run in `make test-all`,
@@ -50,8 +50,10 @@ TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 
 install: $(STAMP)
 
+# The Marian parity tests run transformers on PyTorch: the CPU wheel first, so no CUDA libraries come along.
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	@$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install --quiet torch --index-url $(TORCH_INDEX)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e ".[$(EXTRAS)]"
 	@touch $@
 

@@ -33,7 +33,9 @@ def add_import_hf_parser(subparsers) -> argparse.ArgumentParser:
         ),
     )
     p.add_argument("checkpoint", metavar="DIR", help="the checkpoint directory (save_pretrained's files)")
-    p.add_argument("--workdir", required=True, metavar="RUN", help="the run directory to create (must not exist)")
+    p.add_argument(
+        "--workdir", required=True, metavar="RUN", help="the run directory to create (must not exist)"
+    )
     p.set_defaults(func=run_import_hf)
     return p
 

@@ -54,6 +54,7 @@ from attn_jax.data._corpus import (
     resolve_split,
     split_path,
 )
+from attn_jax.data._marian import MarianVocabulary, marian_order
 from attn_jax.data._prepared import PreparedCorpus, open_prepared, prepare_corpus, read_manifest
 from attn_jax.data._synthetic import (
     GENERATOR_VERSION,
@@ -65,7 +66,6 @@ from attn_jax.data._synthetic import (
     parse_source,
     translate_source,
 )
-from attn_jax.data._marian import MarianVocabulary, marian_order
 from attn_jax.data._tfds_synthetic import AttnJaxSynthetic, SyntheticConfig
 from attn_jax.data._vocab import (
     BOS_ID,

@@ -83,7 +83,14 @@ class MarianVocabulary:
 
     @classmethod
     def from_marian(
-        cls, pieces: Mapping[str, int], model_proto: bytes, *, pad_id: int, start_id: int, eos_id: int, unk_id: int
+        cls,
+        pieces: Mapping[str, int],
+        model_proto: bytes,
+        *,
+        pad_id: int,
+        start_id: int,
+        eos_id: int,
+        unk_id: int,
     ) -> MarianVocabulary:
         """The vocabulary of a Marian ``vocab.json`` (``piece -> id``) and one side's SentencePiece model."""
         by_id = {i: p for p, i in pieces.items()}
@@ -120,7 +127,9 @@ class MarianVocabulary:
         with open(os.path.join(directory, _SPM_FILE), "wb") as f:
             f.write(self.model_proto)
         with open(os.path.join(directory, _VOCAB_FILE), "w", encoding="utf-8") as f:
-            json.dump({"kind": "marian", "model": _SPM_FILE, "tokens": list(self.tokens)}, f, ensure_ascii=False)
+            json.dump(
+                {"kind": "marian", "model": _SPM_FILE, "tokens": list(self.tokens)}, f, ensure_ascii=False
+            )
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, MarianVocabulary) and (self.tokens, self.model_proto) == (

@@ -38,7 +38,6 @@ from attn_jax.pipeline._attention import (
     sharpest_head,
 )
 from attn_jax.pipeline._bleu import bleu_options
-from attn_jax.pipeline._marian import ImportedRun, MarianImportError, import_marian, read_marian
 from attn_jax.pipeline._evaluate import evaluate_workdir
 from attn_jax.pipeline._length import (
     LengthLimitReport,
@@ -55,6 +54,7 @@ from attn_jax.pipeline._load import (
     load_model,
     quiet_checkpoint_logs,
 )
+from attn_jax.pipeline._marian import ImportedRun, MarianImportError, import_marian, read_marian
 from attn_jax.pipeline._options import DecodeOptions
 from attn_jax.pipeline._progress import decode_progress
 from attn_jax.pipeline._score import ScoredPair, score_pairs

@@ -145,7 +145,9 @@ def _read_json(path: str) -> dict:
         with open(path, encoding="utf-8") as f:
             value = json.load(f)
     except FileNotFoundError:
-        raise MarianImportError(f"{path}: no such file (a Marian checkpoint has config.json and vocab.json)") from None
+        raise MarianImportError(
+            f"{path}: no such file (a Marian checkpoint has config.json and vocab.json)"
+        ) from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise MarianImportError(f"{path}: not readable JSON ({' '.join(str(e).split())})") from None
     if not isinstance(value, dict):
@@ -158,7 +160,9 @@ def _read_bytes(path: str) -> bytes:
         with open(path, "rb") as f:
             return f.read()
     except FileNotFoundError:
-        raise MarianImportError(f"{path}: no such file (a Marian checkpoint has source.spm and target.spm)") from None
+        raise MarianImportError(
+            f"{path}: no such file (a Marian checkpoint has source.spm and target.spm)"
+        ) from None
     except OSError as e:
         raise MarianImportError(f"{path}: {e.strerror or e}") from None
 
@@ -177,12 +181,17 @@ def _check_config(path: str, hf: dict) -> dict:
     act = hf.get("activation_function", "gelu")
     if act not in _ACTIVATIONS:
         bad.append(f"activation_function={act!r} (supported: {', '.join(_ACTIVATIONS)})")
-    for a, b in (("encoder_attention_heads", "decoder_attention_heads"), ("encoder_ffn_dim", "decoder_ffn_dim")):
+    for a, b in (
+        ("encoder_attention_heads", "decoder_attention_heads"),
+        ("encoder_ffn_dim", "decoder_ffn_dim"),
+    ):
         if hf.get(a) != hf.get(b):
             bad.append(f"{a}={hf.get(a)!r} != {b}={hf.get(b)!r} (the Transformer has one value for both)")
     dec_vocab = hf.get("decoder_vocab_size") or hf.get("vocab_size")
     if dec_vocab != hf.get("vocab_size"):
-        bad.append(f"decoder_vocab_size={dec_vocab!r} != vocab_size={hf.get('vocab_size')!r} (separate vocabularies)")
+        bad.append(
+            f"decoder_vocab_size={dec_vocab!r} != vocab_size={hf.get('vocab_size')!r} (separate vocabularies)"
+        )
     if not hf.get("share_encoder_decoder_embeddings", True):
         bad.append("share_encoder_decoder_embeddings=False (separate vocabularies)")
     eos = hf.get("eos_token_id", 0)
@@ -211,11 +220,15 @@ def _load_tensors(directory: str) -> tuple[str, dict[str, np.ndarray]]:
     try:
         from safetensors.numpy import load_file
     except ImportError as e:
-        raise MarianImportError(f"importing a Marian checkpoint needs safetensors: pip install 'attn-jax[hf]' ({e})") from None
+        raise MarianImportError(
+            f"importing a Marian checkpoint needs safetensors: pip install 'attn-jax[hf]' ({e})"
+        ) from None
     try:
         return path, dict(load_file(path))
     except Exception as e:  # safetensors raises its own SafetensorError on a damaged file
-        raise MarianImportError(f"{path}: not a readable safetensors file ({' '.join(str(e).split())[:200]})") from None
+        raise MarianImportError(
+            f"{path}: not a readable safetensors file ({' '.join(str(e).split())[:200]})"
+        ) from None
 
 
 class _Tensors:
@@ -229,7 +242,9 @@ class _Tensors:
             raise MarianImportError(f"{self.path}: missing tensor {name} (expected shape {list(shape)})")
         x = self.tensors[name]
         if tuple(x.shape) != shape:
-            raise MarianImportError(f"{self.path}: tensor {name} has shape {list(x.shape)}, expected {list(shape)}")
+            raise MarianImportError(
+                f"{self.path}: tensor {name} has shape {list(x.shape)}, expected {list(shape)}"
+            )
         self.taken.add(name)
         return np.asarray(x, np.float32)
 
@@ -285,7 +300,9 @@ def _check_positions(t: _Tensors, name: str, n: int, d: int) -> None:
     table = t.take(name, (n, d))
     ours = np.asarray(sinusoidal_positions(n, d, layout="halves"))
     if not np.allclose(table, ours, atol=1e-4):
-        raise MarianImportError(f"{t.path}: {name} is not Marian's sinusoidal table (learned positions are not supported)")
+        raise MarianImportError(
+            f"{t.path}: {name} is not Marian's sinusoidal table (learned positions are not supported)"
+        )
 
 
 def read_marian(directory: str | os.PathLike) -> _Read:
@@ -317,19 +334,30 @@ def read_marian(directory: str | os.PathLike) -> _Read:
     ids = dict(pad_id=pad, start_id=start, eos_id=eos, unk_id=pieces["<unk>"])
     try:
         order = np.asarray(marian_order(pieces, **ids))
-        src_vocab = MarianVocabulary.from_marian(pieces, _read_bytes(os.path.join(directory, "source.spm")), **ids)
-        tgt_vocab = MarianVocabulary.from_marian(pieces, _read_bytes(os.path.join(directory, "target.spm")), **ids)
+        src_vocab = MarianVocabulary.from_marian(
+            pieces, _read_bytes(os.path.join(directory, "source.spm")), **ids
+        )
+        tgt_vocab = MarianVocabulary.from_marian(
+            pieces, _read_bytes(os.path.join(directory, "target.spm")), **ids
+        )
     except (ValueError, RuntimeError) as e:  # RuntimeError: SentencePiece cannot parse a model
         raise MarianImportError(f"{vocab_path}: {' '.join(str(e).split())[:300]}") from None
 
     t = _Tensors(*_load_tensors(directory))
     shared = t.take("model.shared.weight", (v, d))
-    for name in ("model.encoder.embed_tokens.weight", "model.decoder.embed_tokens.weight"):
-        t.tied(name, shared)
     tie = hf.get("tie_word_embeddings", True)
+    # Tied checkpoints save one table; untied ones give the encoder, decoder and output layer their own.
+    tables = {}
+    for side in ("encoder", "decoder"):
+        name = f"model.{side}.embed_tokens.weight"
+        if tie or name not in t.tensors:
+            t.tied(name, shared)
+            tables[side] = shared
+        else:
+            tables[side] = t.take(name, (v, d))
     if tie:
-        t.tied("lm_head.weight", shared)
-    lm_head = shared if tie else t.take("lm_head.weight", (v, d))
+        t.tied("lm_head.weight", tables["decoder"])
+    lm_head = tables["decoder"] if tie else t.take("lm_head.weight", (v, d))
     bias = t.take("final_logits_bias", (1, v))[0]
     max_len = hf.get("max_position_embeddings", 1024)
     for side in ("encoder", "decoder"):
@@ -363,7 +391,7 @@ def read_marian(directory: str | os.PathLike) -> _Read:
     out_bias = bias[order].copy()
     out_bias[1] = _START_BIAS  # attn-jax's <s>: the start token's second row
     params = {
-        "tgt_embed": shared[order],
+        "tgt_embed": tables["decoder"][order],
         "encoder": _stack(enc),
         "decoder": _stack(dec),
         "output": {"bias": out_bias},
@@ -371,7 +399,7 @@ def read_marian(directory: str | os.PathLike) -> _Read:
     sharing = "all"
     if not tie:
         sharing = "none"
-        params["src_embed"] = shared[order]
+        params["src_embed"] = tables["encoder"][order]
         params["output"]["kernel"] = lm_head[order].T.copy()
     try:
         config = TransformerConfig(
@@ -464,8 +492,12 @@ def import_marian(checkpoint_dir: str | os.PathLike, workdir: str | os.PathLike)
         raise MarianImportError(f"cannot write {workdir}: {e.strerror or e}") from None
     try:
         save_vocabularies(os.path.join(tmp, "vocab"), read.src_vocab, read.tgt_vocab)
-        shutil.copy2(os.path.join(os.fspath(checkpoint_dir), "config.json"), os.path.join(tmp, "hf_config.json"))
-        manager = CheckpointManager(os.path.join(tmp, "checkpoints"), keep=1, keep_best=False, async_save=False)
+        shutil.copy2(
+            os.path.join(os.fspath(checkpoint_dir), "config.json"), os.path.join(tmp, "hf_config.json")
+        )
+        manager = CheckpointManager(
+            os.path.join(tmp, "checkpoints"), keep=1, keep_best=False, async_save=False
+        )
         try:
             state = {"params": read.params, "step": np.asarray(0, np.int32)}
             manager.save(0, state, {}, _run_config(read.config), None)
