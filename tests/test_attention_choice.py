@@ -90,7 +90,12 @@ def rnn_run(tmp_path_factory):
 def evaluated(tf_run, tmp_path_factory):
     out = tmp_path_factory.mktemp("eval")
     result = evaluate_workdir(
-        tf_run, split="test", decode=DecodeOptions(beam_size=1), max_examples=9, out_dir=out, num_heatmaps=0
+        tf_run,
+        split="test",
+        decode=DecodeOptions(beam_size=1, max_length=4),  # AER reads the references: short hypotheses do
+        max_examples=9,
+        out_dir=out,
+        num_heatmaps=0,
     )
     return str(out), result
 
@@ -100,16 +105,30 @@ def _entry(by_head, layer, head):
     return e
 
 
-def _numpy_aer(loaded, sources, references, gold, layer, head):
-    """Och & Ney's AER of one layer and head (or ``"mean"``), each sentence teacher-forced alone, unpadded."""
+def _teacher_forced_heads(loaded, sources, references):
+    """``[L_dec, H, m, n]`` per sentence, without ``</s>``: all sentences in one batch, padded to the longest
+    (one compiled program; the source mask and the causal decoder keep the padding out)."""
     sv, tv = loaded.src_vocab, loaded.tgt_vocab
+    src_ids = [[*sv.encode(s), sv.eos_id] for s in sources]
+    tgt_ids = [[tv.bos_id, *tv.encode(r)] for r in references]
+    width = max(len(x) for x in src_ids + tgt_ids)
+    src = np.full((len(sources), width), sv.pad_id, np.int32)
+    tgt_in = np.full((len(sources), width), tv.pad_id, np.int32)
+    mask = np.zeros((len(sources), width), bool)
+    for k, (s, t) in enumerate(zip(src_ids, tgt_ids, strict=True)):
+        src[k, : len(s)], tgt_in[k, : len(t)], mask[k, : len(s)] = s, t, True
+    w = np.asarray(loaded.model.cross_attention_weights(src, mask, tgt_in))  # [B, L_dec, H, T, S]
+    return [
+        w[k, :, :, : len(r.split()), : len(s.split())]
+        for k, (s, r) in enumerate(zip(sources, references, strict=True))
+    ]
+
+
+def _numpy_aer(heads, gold, layer, head):
+    """Och & Ney's AER of one layer and head (or ``"mean"``): argmax links against the all-sure gold."""
     a = s = p = a_s = a_p = 0
-    for src_text, ref_text, g in zip(sources, references, gold, strict=True):
-        src = np.asarray([[*sv.encode(src_text), sv.eos_id]], np.int32)
-        tgt_in = np.asarray([[tv.bos_id, *tv.encode(ref_text)]], np.int32)
-        w = np.asarray(loaded.model.cross_attention_weights(src, np.ones_like(src, bool), tgt_in))[0, layer]
-        w = w.mean(axis=0) if head == "mean" else w[head]
-        w = w[: len(ref_text.split()), : len(src_text.split())]
+    for w, g in zip(heads, gold, strict=True):
+        w = w[layer].mean(axis=0) if head == "mean" else w[layer, head]
         links = {(int(np.argmax(w[j])), j) for j in range(w.shape[0])}
         sure = {tuple(map(int, x.split("-"))) for x in g.split()}  # the built-in gold: every link sure
         a, s, p = a + len(links), s + len(sure), p + len(sure)
@@ -130,8 +149,9 @@ def test_one_heads_aer_matches_a_numpy_reference(tf_run, evaluated):
     with open(os.path.join(out, "references.txt"), encoding="utf-8") as f:
         references = f.read().splitlines()
     gold = [gold_of[s] for s in sources]
+    heads = _teacher_forced_heads(loaded, sources, references)
     for layer, head in ((0, 1), (1, 2), (0, "mean")):
-        want = _numpy_aer(loaded, sources, references, gold, layer, head)
+        want = _numpy_aer(heads, gold, layer, head)
         assert _entry(by_head, layer, head)["aer"] == pytest.approx(want, abs=1e-12), (layer, head)
     # The heads differ: one table entry is not a copy of another.
     assert len({e["aer"] for e in by_head["entries"]}) > 2
@@ -156,8 +176,10 @@ def test_the_last_layers_mean_is_the_default_aer(evaluated):
 
 def test_evaluate_with_a_chosen_head_scores_that_head(tf_run, evaluated, tmp_path, capsys):
     _, r = evaluated
-    argv = ["evaluate", "--workdir", tf_run, "--out", str(tmp_path), "--beam", "1", "--max-examples", "9"]
-    status = main([*argv, "--heatmaps", "0", "--attention-layer", "0", "--attention-head", "1"])
+    argv = ["evaluate", "--workdir", tf_run, "--out", str(tmp_path), "--beam", "1", "--max-length", "4"]
+    status = main(
+        [*argv, "--max-examples", "9", "--heatmaps", "0", "--attention-layer", "0", "--attention-head", "1"]
+    )
     _, err = capsys.readouterr()
     assert status == 0, err
     with open(tmp_path / "evaluation.json", encoding="utf-8") as f:
@@ -257,7 +279,9 @@ def test_a_layer_or_head_out_of_range_is_one_line(tf_run, flags, words, capsys, 
             status = main(["evaluate", "--workdir", tf_run, *flags, "--out", str(tmp_path)])
             _, err = capsys.readouterr()
         else:
-            status, _, err = _translate(["--workdir", tf_run, "--alignment", "json", *flags], capsys, tmp_path)
+            status, _, err = _translate(
+                ["--workdir", tf_run, "--alignment", "json", *flags], capsys, tmp_path
+            )
         assert status == 2, err
         assert len(err.strip().splitlines()) == 1 and all(w in err for w in words), err
 
