@@ -57,10 +57,8 @@ sharpest single head (lowest mean entropy) on the model's own translation.
 
 Layers and heads: ``--attention-layer L`` and ``--attention-head H`` pick the decoder layer and head whose
 teacher-forced attention gives ``alignments.txt``, the AER and the reference heatmaps (default: the last layer,
-mean of heads). A multi-head model on a corpus with gold alignments also gets the AER of every layer and head,
-and of each layer's mean: ``aer_by_head.{md,json}``, a section of ``evaluation.md``, ``evaluation.json``'s
-``aer_by_head``, and the best head in one line on stderr. A model with one attention (RNNsearch, GNMT) takes only
-the defaults; any other value is a one-line error (exit 2).
+mean of heads). A multi-head model on a corpus with gold alignments also gets the AER of every layer and head in
+``aer_by_head.{md,json}``. The user guide's evaluation page (``docs/evaluation.md``) explains both.
 
 Exit status: 0 done; 1 a missing workdir or checkpoint, an unreadable corpus or split; 2 a bad flag.
 """

@@ -45,10 +45,9 @@ Output formats:
   reads them and ``source_unk`` the positions among them that the source vocabulary maps to ``<unk>``.
 
 Layers and heads: a multi-head model's alignments are its last decoder layer's cross-attention, averaged over
-heads, as the decoder had it while decoding. ``--attention-layer L`` and ``--attention-head H`` (with
-``--alignment``) pick another layer or one head instead; that attention is read by teacher-forcing each decoded
-hypothesis through the model, which reproduces the decoder's attention. ``--replace-unk`` and ``--beta`` still
-use the decoder's own attention. A model with one attention (RNNsearch, GNMT) takes only the defaults.
+heads. ``--attention-layer L`` and ``--attention-head H`` (with ``--alignment``) pick another layer or one head,
+read by teacher-forcing each decoded hypothesis. The user guide's evaluation page (``docs/evaluation.md``)
+explains both.
 
 Length limit: ``--max-length``, ``--max-length-ratio`` and ``--max-length-offset`` bound each translation, as
 in ``attn-jax evaluate``. The rule and its defaults are :class:`attn_jax.decoding.LengthLimit`'s; the user
