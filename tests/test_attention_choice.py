@@ -180,12 +180,15 @@ def test_evaluate_with_a_chosen_head_scores_that_head(tf_run, evaluated, tmp_pat
     status = main(
         [*argv, "--max-examples", "9", "--heatmaps", "0", "--attention-layer", "0", "--attention-head", "1"]
     )
-    _, err = capsys.readouterr()
+    out, err = capsys.readouterr()
     assert status == 0, err
     with open(tmp_path / "evaluation.json", encoding="utf-8") as f:
         chosen = json.load(f)
     assert chosen["aer"]["aer"] == _entry(r["aer_by_head"], 0, 1)["aer"]
     assert (chosen["options"]["attention_layer"], chosen["options"]["attention_head"]) == (0, 1)
+    with open(tmp_path / "summary.json", encoding="utf-8") as f:
+        assert json.load(f)[chosen["system"]]["aer_attention"] == {"layer": 0, "head": 1}
+    assert "(decoder layer 0, head 1)" in out
     best = r["aer_by_head"]["best"]
     (line,) = [x for x in err.splitlines() if x.startswith("AER by head:")]
     assert f"best layer {best['layer']}, head {best['head']}" in line

@@ -261,7 +261,9 @@ def run_evaluate(args: argparse.Namespace) -> int:
             f"{by_length['metric']} = {r[m]:.2f} ({r['num_sentences']} sentences; {by_length['signature']})"
         )
     if r["system_scores"].aer is not None:
-        print(r["system_scores"].aer)
+        layer, head = r["options"]["attention_layer"], r["options"]["attention_head"]
+        which = "" if (layer, head) == (-1, "mean") else f" (decoder layer {layer}, head {head})"
+        print(f"{r['system_scores'].aer}{which}")
     print(f"\nwritten to {os.path.dirname(r['files']['evaluation.json'])}/")
     if r["tensorboard"]:
         tb = r["tensorboard"]

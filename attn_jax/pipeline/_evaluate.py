@@ -204,7 +204,15 @@ def evaluate_workdir(
     _write_sentences(files, pairs, hypotheses, alignment.links, bleu)
     members = _members(loaded) if loaded.members else None
     scores = _write_tables(
-        files, system, pairs.corpus, scored, alignment.aer, limit_report, chrf_ter, ensemble=members
+        files,
+        system,
+        pairs.corpus,
+        scored,
+        alignment.aer,
+        limit_report,
+        chrf_ter,
+        ensemble=members,
+        attention=attention,
     )
     if by_head is not None:
         _write_aer_by_head(files, by_head)
@@ -525,10 +533,11 @@ def _write_tables(
     limit_report: LengthLimitReport,
     chrf_ter,
     ensemble: list[dict[str, Any]] | None = None,
+    attention: AttentionChoice | None = None,
 ):
     """``bleu_by_length.{md,json,png}`` and ``summary.{md,json}`` (with chrF and TER overall and by source
-    length under ``<system>.chrf`` / ``.ter``, an ensemble's runs under ``<system>.ensemble``); returns the
-    ``attn_jax.eval.SystemScores``."""
+    length under ``<system>.chrf`` / ``.ter``, an ensemble's runs under ``<system>.ensemble``, the attention
+    of the AER under ``<system>.aer_attention``); returns the ``attn_jax.eval.SystemScores``."""
     from attn_jax import eval as ev
 
     scores = ev.SystemScores(bleu.by_length.overall, bleu.no_unk, aer)
@@ -538,6 +547,8 @@ def _write_tables(
         f.write(
             _summary_markdown(system, scores, limit_report, corpus.skipped_empty, corpus.name, bleu.options)
         )
+        if attention is not None and not attention.is_default:
+            f.write(f"\nAER: {attention.describe()} (teacher-forced on the references).\n")
         f.write("\n" + _chrf_ter_markdown(chrf_ter))
     with open(files.path("bleu_by_length.json"), "w", encoding="utf-8") as f:
         json.dump(ev.bleu_by_length_json({system: bleu.by_length}), f, indent=2, allow_nan=False)
@@ -545,6 +556,7 @@ def _write_tables(
     summary[system]["length_limit"] = limit_report.to_dict()
     summary[system]["skipped_empty"] = corpus.skipped_empty
     summary[system]["bleu_options"] = bleu.options
+    summary[system]["aer_attention"] = (attention or AttentionChoice()).to_dict()
     for m, r in chrf_ter.items():
         summary[system][m] = r.to_dict()
     if ensemble:

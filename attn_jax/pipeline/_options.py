@@ -128,6 +128,12 @@ class AttentionChoice:
         model = loaded.model
         field = "attention_layer" if self.head is None else "attention_head"
         value = self.layer if self.head is None else self.head
+        models = model if isinstance(model, tuple) else (model,)
+        if not self.is_default and not any(hasattr(m, "cross_attention_weights") for m in models):
+            raise AttentionChoiceError(
+                f"{field} needs a multi-head model (a Transformer); {_model_kind(loaded)} has a single "
+                f"attention, got {value}"
+            )
         if isinstance(model, tuple):
             if self.is_default:
                 return -1, None
@@ -135,15 +141,9 @@ class AttentionChoice:
                 f"{field} needs one run: the heads of an ensemble's {len(model)} runs do not correspond, "
                 f"got {value}"
             )
-        config = getattr(model, "config", None)
         if not hasattr(model, "cross_attention_weights"):
-            if self.is_default:
-                return -1, None
-            raise AttentionChoiceError(
-                f"{field} needs a multi-head model (a Transformer); {_model_kind(loaded)} has a single "
-                f"attention, got {value}"
-            )
-        layers, heads = int(config.decoder_layers), int(config.heads)
+            return -1, None
+        layers, heads = int(model.config.decoder_layers), int(model.config.heads)
         if not -layers <= self.layer < layers:
             raise AttentionChoiceError(
                 f"attention_layer must be between {-layers} and {layers - 1} ({_model_kind(loaded)} has "
