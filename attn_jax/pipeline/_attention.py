@@ -82,12 +82,12 @@ def reference_attention(
 
     if choice is not None and not choice.is_default:
         layer, head = choice.check(loaded)
-        out = [None] * len(sources)
+        chosen: list[np.ndarray | None] = [None] * len(sources)
         for i, heads, means in reference_cross_attention(
             loaded, sources, references, batch_size=batch_size, one_shape=one_shape
         ):
-            out[i] = means[layer] if head is None else heads[layer, head]
-        return out  # type: ignore[return-value]
+            chosen[i] = means[layer] if head is None else heads[layer, head]
+        return chosen  # type: ignore[return-value]
     models = loaded.model if isinstance(loaded.model, tuple) else (loaded.model,)
     splits = [nnx.split(m) for m in models]
     out: list[np.ndarray | None] = [None] * len(sources)
