@@ -39,6 +39,7 @@ MODULES = [
     "attn_jax.data._corpus",
     "attn_jax.data._copy",
     "attn_jax.pipeline._attention",
+    "attn_jax.pipeline._options",
 ]
 
 

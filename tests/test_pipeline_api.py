@@ -10,6 +10,8 @@ import attn_jax.pipeline as pipeline
 
 PUBLIC = {
     "WEIGHTS",
+    "AttentionChoice",
+    "AttentionChoiceError",
     "DecodeOptions",
     "HeatmapPick",
     "LengthLimitReport",
@@ -18,6 +20,7 @@ PUBLIC = {
     "TranslateError",
     "Translation",
     "bleu_options",
+    "choose_attention",
     "decode_progress",
     "evaluate_workdir",
     "figure3_examples",
@@ -34,6 +37,7 @@ PUBLIC = {
     "padded_width",
     "quiet_checkpoint_logs",
     "reference_attention",
+    "reference_cross_attention",
     "score_pairs",
     "select_examples",
     "sharpest_head",

@@ -15,6 +15,7 @@ failure case: :func:`figure3_examples`), prints the tables and writes them to ``
     sources.txt  references.txt  hypotheses.txt     the sentences, line-aligned (BLEU can be recomputed)
     references.detok.txt  hypotheses.detok.txt     with --detokenize moses: the detokenised text BLEU scored
     alignments.txt                                  Pharaoh links from teacher-forced attention (AER's input)
+    aer_by_head.{md,json}                           a multi-head model's AER per decoder layer and head
     bleu_by_length.{md,json}  summary.{md,json}     the tables (JSON: fractions, null for an empty bucket;
                                                     summary.json's <system>.chrf/.ter: chrF, TER by length)
     evaluation.json  evaluation.md                  everything: scores, options, checkpoint, timings, pictures
@@ -54,6 +55,11 @@ attention on the reference with the gold links drawn as red squares. For a multi
 both show the last decoder layer's cross-attention averaged over heads, and ``attention_<k>_head.png`` its
 sharpest single head (lowest mean entropy) on the model's own translation.
 
+Layers and heads: ``--attention-layer L`` and ``--attention-head H`` pick the decoder layer and head whose
+teacher-forced attention gives ``alignments.txt``, the AER and the reference heatmaps (default: the last layer,
+mean of heads). A multi-head model on a corpus with gold alignments also gets the AER of every layer and head in
+``aer_by_head.{md,json}``. The user guide's evaluation page (``docs/evaluation.md``) explains both.
+
 Exit status: 0 done; 1 a missing workdir or checkpoint, an unreadable corpus or split; 2 a bad flag.
 """
 
@@ -67,6 +73,7 @@ from attn_jax.cli._errors import error_line
 from attn_jax.cli._translate import add_length_limit_flags, add_repetition_flags, parse_checkpoint
 from attn_jax.pipeline import (
     WEIGHTS,
+    AttentionChoiceError,
     TranslateError,
     decode_progress,
     evaluate_workdir,
@@ -168,6 +175,9 @@ def add_evaluate_parser(subparsers) -> argparse.ArgumentParser:
         "text on its tokens exactly as given (tok:none; not comparable with scores of raw text). Without this "
         "flag or --detokenize, references that look tokenised get a one-line warning",
     )
+    from attn_jax.cli._options import add_attention_flags
+
+    add_attention_flags(p, "alignments.txt, the AER and the reference heatmaps")
     add_length_limit_flags(p)
     p.set_defaults(func=run_evaluate)
     return p
@@ -192,7 +202,7 @@ def _error(message: object, status: int = 1) -> int:
 
 def run_evaluate(args: argparse.Namespace) -> int:
     """Run ``attn-jax evaluate`` with parsed arguments; returns the exit status."""
-    from attn_jax.cli._options import bleu_settings, decode_options
+    from attn_jax.cli._options import attention_choice, bleu_settings, decode_options, flag_worded
 
     try:
         decode, bleu = decode_options(args), bleu_settings(args)
@@ -224,7 +234,11 @@ def run_evaluate(args: argparse.Namespace) -> int:
             heatmap_sentences=args.heatmap_sentences,
             log=lambda *a: line.log(" ".join(str(x) for x in a)),
             progress=decode_progress(line),
+            attention=attention_choice(args),
         )
+    except AttentionChoiceError as e:
+        line.close()
+        return _error(flag_worded(str(e)), 2)
     except (TranslateError, CorpusError) as e:
         line.close()
         return _error(e)
@@ -247,7 +261,9 @@ def run_evaluate(args: argparse.Namespace) -> int:
             f"{by_length['metric']} = {r[m]:.2f} ({r['num_sentences']} sentences; {by_length['signature']})"
         )
     if r["system_scores"].aer is not None:
-        print(r["system_scores"].aer)
+        layer, head = r["options"]["attention_layer"], r["options"]["attention_head"]
+        which = "" if (layer, head) == (-1, "mean") else f" (decoder layer {layer}, head {head})"
+        print(f"{r['system_scores'].aer}{which}")
     print(f"\nwritten to {os.path.dirname(r['files']['evaluation.json'])}/")
     if r["tensorboard"]:
         tb = r["tensorboard"]

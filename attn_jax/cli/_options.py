@@ -1,4 +1,4 @@
-"""The decoding and BLEU options of ``translate`` and ``evaluate``, built from their flags and checked.
+"""The decoding, attention and BLEU options of ``translate`` and ``evaluate``, built from their flags and checked.
 
 The library checks (``DecodeOptions.check``, ``BleuSettings.check``) name each option by its field; here
 those names become the flags the user typed.
@@ -10,9 +10,17 @@ import argparse
 import re
 
 from attn_jax.eval import BleuSettings
-from attn_jax.pipeline import DecodeOptions, TranslateError
+from attn_jax.pipeline import AttentionChoice, DecodeOptions, TranslateError
 
-__all__ = ["FLAGS", "add_workdir_flag", "bleu_settings", "decode_options", "flag_worded"]
+__all__ = [
+    "FLAGS",
+    "add_attention_flags",
+    "add_workdir_flag",
+    "attention_choice",
+    "bleu_settings",
+    "decode_options",
+    "flag_worded",
+]
 
 # Option field -> the flag that sets it.
 FLAGS = {
@@ -28,6 +36,8 @@ FLAGS = {
     "tokenize": "--bleu-tokenize",
     "detokenize": "--detokenize",
     "detokenize_lang": "--detokenize-lang",
+    "attention_layer": "--attention-layer",
+    "attention_head": "--attention-head",
 }
 _FIELD = re.compile(r"(?<![\w-])(" + "|".join(sorted(FLAGS, key=len, reverse=True)) + r")(?![\w-])")
 
@@ -50,6 +60,41 @@ def add_workdir_flag(p: argparse.ArgumentParser) -> None:
         help="the training run's directory; repeat it for an ensemble, whose runs must share their "
         "vocabularies (their log-probabilities are averaged)",
     )
+
+
+def _head(value: str) -> int | None:
+    """``--attention-head``: ``mean`` (None) or a head index."""
+    if value == "mean":
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a head index or 'mean', got {value!r}") from None
+
+
+def add_attention_flags(p: argparse.ArgumentParser, what: str) -> None:
+    """``--attention-layer L`` and ``--attention-head H|mean``: a multi-head model's attention for ``what``."""
+    p.add_argument(
+        "--attention-layer",
+        type=int,
+        default=-1,
+        metavar="L",
+        help=f"the decoder layer whose cross-attention gives {what}: 0-based, negative counts from the end "
+        "(default: %(default)s, the last); multi-head models (the Transformer) only",
+    )
+    p.add_argument(
+        "--attention-head",
+        type=_head,
+        default=None,
+        metavar="H|mean",
+        help=f"the head of that layer that gives {what}, 0-based, or 'mean' of its heads (default: mean); "
+        "multi-head models only",
+    )
+
+
+def attention_choice(args: argparse.Namespace) -> AttentionChoice:
+    """The :class:`AttentionChoice` of ``--attention-layer`` and ``--attention-head`` (checked on the model)."""
+    return AttentionChoice(layer=args.attention_layer, head=args.attention_head)
 
 
 def decode_options(args: argparse.Namespace) -> DecodeOptions:

@@ -44,6 +44,11 @@ Output formats:
   ``stopped_at_limit`` whether this hypothesis was cut there; ``source_tokens`` are the source tokens as the model
   reads them and ``source_unk`` the positions among them that the source vocabulary maps to ``<unk>``.
 
+Layers and heads: a multi-head model's alignments are its last decoder layer's cross-attention, averaged over
+heads. ``--attention-layer L`` and ``--attention-head H`` (with ``--alignment``) pick another layer or one head,
+read by teacher-forcing each decoded hypothesis. The user guide's evaluation page (``docs/evaluation.md``)
+explains both.
+
 Length limit: ``--max-length``, ``--max-length-ratio`` and ``--max-length-offset`` bound each translation, as
 in ``attn-jax evaluate``. The rule and its defaults are :class:`attn_jax.decoding.LengthLimit`'s; the user
 guide's decoding page (``docs/decoding.md``) explains the flags and the warning for a cut translation.
@@ -81,10 +86,12 @@ import numpy as np
 from attn_jax.cli._errors import error_line
 from attn_jax.pipeline import (
     WEIGHTS,
+    AttentionChoiceError,
     LengthLimitReport,
     LoadedModel,
     TranslateError,
     Translation,
+    choose_attention,
     decode_progress,
     length_limit_report,
     load_ensemble,
@@ -162,6 +169,9 @@ def add_translate_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument(
         "--alignment", choices=("pharaoh", "json"), default=None, help="also write attention alignments"
     )
+    from attn_jax.cli._options import add_attention_flags
+
+    add_attention_flags(p, "--alignment")
     p.add_argument(
         "--checkpoint",
         type=parse_checkpoint,
@@ -602,12 +612,16 @@ def run_translate(args: argparse.Namespace) -> int:
     if args.sample and (args.prefix is not None or args.constraints is not None):
         flag = "--prefix" if args.prefix is not None else "--constraints"
         return _error(f"{flag} cannot be combined with --sample (forced output is a beam-search option)", 2)
-    from attn_jax.cli._options import decode_options
+    from attn_jax.cli._options import attention_choice, decode_options, flag_worded
 
     try:
         decode = decode_options(args)
     except TranslateError as e:
         return _error(e, 2)
+    choice = attention_choice(args)
+    if not choice.is_default and args.alignment is None:
+        flag = "--attention-head" if choice.head is not None else "--attention-layer"
+        return _error(f"{flag} chooses the attention of alignments: add --alignment pharaoh or json", 2)
     if args.batch_size < 1:
         return _error(f"--batch-size must be >= 1, got {args.batch_size}", 2)
     quiet_checkpoint_logs()
@@ -617,6 +631,10 @@ def run_translate(args: argparse.Namespace) -> int:
         # the first line typed is answered without waiting for the load.
         lines = None if args.input == "-" else _read_lines(args.input)
         loaded = load_ensemble(args.workdir, args.checkpoint, args.weights)
+        try:
+            choice.check(loaded)
+        except AttentionChoiceError as e:
+            return _error(flag_worded(str(e)), 2)
         if loaded.note:
             print(f"attn-jax translate: warning: {loaded.note}", file=sys.stderr)
         rule = decode.length_limit(loaded.config)
@@ -632,7 +650,7 @@ def run_translate(args: argparse.Namespace) -> int:
     options = dict(options=decode, batch_size=args.batch_size, limit=rule)
     options.update(_sampling_options(args))
     if fd is not None:
-        return _translate_stream(args, loaded, rule, options, LineStream(fd))
+        return _translate_stream(args, loaded, rule, options, LineStream(fd), choice)
     bar = _progress_line(args.progress)
     try:
         progress = None
@@ -640,6 +658,7 @@ def run_translate(args: argparse.Namespace) -> int:
             progress = decode_progress(bar)
             progress(0, sum(bool(s) for s in lines), 0.0)
         results = translate_sentences(loaded, lines, progress=progress, **options, **forcing)
+        results = choose_attention(loaded, lines, results, choice, batch_size=args.batch_size)
     except TranslateError as e:
         return _error(e)
     finally:
@@ -687,7 +706,7 @@ def _format(sources: Sequence[str], results, first: int, args: argparse.Namespac
 
 
 def _translate_stream(
-    args: argparse.Namespace, loaded: LoadedModel, rule, options: dict[str, Any], source: LineStream
+    args: argparse.Namespace, loaded: LoadedModel, rule, options: dict[str, Any], source: LineStream, choice
 ) -> int:
     """Translate stdin as it arrives, writing and flushing each group's output before reading on; the
     length-limit summary comes at the end (also when an unreadable line stops the stream)."""
@@ -703,6 +722,7 @@ def _translate_stream(
     try:
         for batch in source.batches(args.batch_size):
             results = translate_sentences(loaded, batch, **options, first_index=done)
+            results = choose_attention(loaded, batch, results, choice, batch_size=args.batch_size)
             report = merge_length_limit_reports(report, length_limit_report(loaded, batch, results, rule))
             out.write(_format(batch, results, done, args))
             out.flush()

@@ -12,6 +12,7 @@ alike (``experiments/`` call these, never ``attn_jax.cli*``)::
 * loading (``_load``): :class:`LoadedModel`, :func:`load_model`, :func:`load_ensemble`, :class:`TranslateError`,
   :func:`quiet_checkpoint_logs`;
 * decoding options (``_options``): :class:`DecodeOptions`, the options both commands share;
+  :class:`AttentionChoice` (the decoder layer and head of alignments) and :class:`AttentionChoiceError`;
 * length limit (``_length``): :func:`length_limit` (the rule both commands share),
   :func:`model_length_cap`, :class:`LengthLimitReport`, :func:`length_limit_report`,
   :func:`merge_length_limit_reports`;
@@ -19,7 +20,7 @@ alike (``experiments/`` call these, never ``attn_jax.cli*``)::
   :func:`length_batches`, :func:`pad_rows`, :func:`padded_width`;
 * a split (``_split``): :func:`load_split`, :func:`select_examples`;
 * attention outside beam search (``_attention``): :func:`reference_attention`,
-  :func:`hypothesis_cross_attention`, :func:`sharpest_head`, :func:`figure3_examples`, :class:`HeatmapPick`;
+  :func:`reference_cross_attention`, :func:`hypothesis_cross_attention`, :func:`choose_attention`, :func:`sharpest_head`, :func:`figure3_examples`, :class:`HeatmapPick`;
 * BLEU settings (``_bleu``): :func:`bleu_options` (``attn_jax.eval.BleuSettings`` holds the settings);
 * scoring given translations (``_score``): :func:`score_pairs`, :class:`ScoredPair`;
 * evaluating (``_evaluate``): :func:`evaluate_workdir`; progress (``_progress``): :func:`decode_progress`;
@@ -32,9 +33,11 @@ sacreBLEU are imported when a function needs them.
 
 from attn_jax.pipeline._attention import (
     HeatmapPick,
+    choose_attention,
     figure3_examples,
     hypothesis_cross_attention,
     reference_attention,
+    reference_cross_attention,
     sharpest_head,
 )
 from attn_jax.pipeline._bleu import bleu_options
@@ -55,7 +58,7 @@ from attn_jax.pipeline._load import (
     quiet_checkpoint_logs,
 )
 from attn_jax.pipeline._marian import ImportedRun, MarianImportError, import_marian, read_marian
-from attn_jax.pipeline._options import DecodeOptions
+from attn_jax.pipeline._options import AttentionChoice, AttentionChoiceError, DecodeOptions
 from attn_jax.pipeline._progress import decode_progress
 from attn_jax.pipeline._score import ScoredPair, score_pairs
 from attn_jax.pipeline._split import load_split, select_examples
@@ -69,6 +72,8 @@ from attn_jax.pipeline._translate import (
 
 __all__ = [
     "WEIGHTS",
+    "AttentionChoice",
+    "AttentionChoiceError",
     "DecodeOptions",
     "HeatmapPick",
     "ImportedRun",
@@ -79,6 +84,7 @@ __all__ = [
     "TranslateError",
     "Translation",
     "bleu_options",
+    "choose_attention",
     "decode_progress",
     "evaluate_workdir",
     "figure3_examples",
@@ -97,6 +103,7 @@ __all__ = [
     "quiet_checkpoint_logs",
     "read_marian",
     "reference_attention",
+    "reference_cross_attention",
     "score_pairs",
     "select_examples",
     "sharpest_head",

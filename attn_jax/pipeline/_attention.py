@@ -1,22 +1,25 @@
-"""A run's attention outside beam search: teacher-forced on references, every head on its own translation, and
-the sentences whose attention is drawn (the paper's Figure 3)."""
+"""A run's attention outside beam search: teacher-forced on references, every layer and head on references and on
+its own translations, and the sentences whose attention is drawn (the paper's Figure 3)."""
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import NamedTuple
 
 import numpy as np
 
 from attn_jax.pipeline._load import LoadedModel
+from attn_jax.pipeline._options import AttentionChoice
 from attn_jax.pipeline._translate import Translation, length_batches, pad_rows, padded_width
 
 __all__ = [
     "HeatmapPick",
+    "choose_attention",
     "figure3_examples",
     "hypothesis_cross_attention",
     "reference_attention",
+    "reference_cross_attention",
     "sharpest_head",
 ]
 
@@ -38,27 +41,12 @@ def _teacher_forced():
     return jax.jit(attention, static_argnums=0)
 
 
-def reference_attention(
-    loaded: LoadedModel,
-    sources: Sequence[str],
-    references: Sequence[str],
-    *,
-    batch_size: int = 32,
-    one_shape: bool = False,
-) -> list[np.ndarray] | None:
-    """Teacher-forced attention on each reference: ``[m + 1, n + 1]`` per sentence (rows: the ``m`` reference
-    tokens then ``</s>``; columns: the ``n`` source tokens then ``</s>``); None for a model without attention.
-    An ensemble gives the mean of its members' attention (members without attention left out), as its beam
-    search does. ``one_shape``: every batch at one padded shape (:func:`length_batches`), one compilation."""
-    from flax import nnx
-
+def _reference_batches(loaded: LoadedModel, sources, references, batch_size: int, one_shape: bool):
+    """``(chunk, src, src_mask, tgt_in, src_ext)`` per batch: the references teacher-forced after ``<s>``."""
     sv, tv = loaded.src_vocab, loaded.tgt_vocab
     src_ids = [sv.encode(s) for s in sources]
     tgt_ids = [tv.encode(r) for r in references]
-    models = loaded.model if isinstance(loaded.model, tuple) else (loaded.model,)
-    splits = [nnx.split(m) for m in models]
     lengths = [max(len(s), len(t)) + 1 for s, t in zip(src_ids, tgt_ids, strict=True)]
-    out: list[np.ndarray | None] = [None] * len(sources)
     for chunk, width, rows in length_batches(lengths, batch_size, one_shape=one_shape):
         src, mask = pad_rows([src_ids[i] for i in chunk], width, rows, sv.eos_id, sv.pad_id)
         tgt_in = np.full((rows, width), tv.pad_id, np.int32)
@@ -72,14 +60,94 @@ def reference_attention(
 
             ext = [extend_with_source(sources[i], "", tv)[0] for i in chunk]
             src_ext = pad_rows(ext, width, rows, tv.eos_id, tv.pad_id)[0]
+        yield chunk, src, mask, tgt_in, src_ext
+
+
+def reference_attention(
+    loaded: LoadedModel,
+    sources: Sequence[str],
+    references: Sequence[str],
+    *,
+    batch_size: int = 32,
+    one_shape: bool = False,
+    choice: AttentionChoice | None = None,
+) -> list[np.ndarray] | None:
+    """Teacher-forced attention on each reference: ``[m + 1, n + 1]`` per sentence (rows: the ``m`` reference
+    tokens then ``</s>``; columns: the ``n`` source tokens then ``</s>``); None for a model without attention.
+    An ensemble gives the mean of its members' attention (members without attention left out), as its beam
+    search does. ``one_shape``: every batch at one padded shape (:func:`length_batches`), one compilation.
+    ``choice``: a multi-head model's decoder layer and head (:class:`AttentionChoice`, checked against the
+    model; None or the default: the last layer's mean of heads, the model's own output)."""
+    from flax import nnx
+
+    if choice is not None and not choice.is_default:
+        layer, head = choice.check(loaded)
+        chosen: list[np.ndarray | None] = [None] * len(sources)
+        for i, heads, means in reference_cross_attention(
+            loaded, sources, references, batch_size=batch_size, one_shape=one_shape
+        ):
+            chosen[i] = means[layer] if head is None else heads[layer, head]
+        return chosen  # type: ignore[return-value]
+    models = loaded.model if isinstance(loaded.model, tuple) else (loaded.model,)
+    splits = [nnx.split(m) for m in models]
+    out: list[np.ndarray | None] = [None] * len(sources)
+    n_src = [len(loaded.src_vocab.encode(s)) for s in sources]
+    n_tgt = [len(loaded.tgt_vocab.encode(r)) for r in references]
+    for chunk, src, mask, tgt_in, src_ext in _reference_batches(
+        loaded, sources, references, batch_size, one_shape
+    ):
         found = [_teacher_forced()(g, s, src, mask, tgt_in, src_ext) for g, s in splits]
         found = [np.asarray(w) for w in found if w is not None]
         if not found:
             return None
         weights = np.mean(found, axis=0)
         for r, i in enumerate(chunk):
-            out[i] = weights[r, : len(tgt_ids[i]) + 1, : len(src_ids[i]) + 1]
+            out[i] = weights[r, : n_tgt[i] + 1, : n_src[i] + 1]
     return out  # type: ignore[return-value]
+
+
+@functools.cache
+def _cross_attention_layers():
+    """The jitted ``(graphdef, state, src, src_mask, tgt_in) -> (heads [B, L_dec, H, T, S], means
+    [B, L_dec, T, S])``: every decoder layer's heads and their mean, from one teacher-forced pass."""
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    def layers(graphdef, state, src, src_mask, tgt_in):
+        heads = nnx.merge(graphdef, state).cross_attention_weights(src, src_mask, tgt_in)
+        return heads, jnp.mean(heads, axis=2)  # the mean the decoder takes of its heads
+
+    return jax.jit(layers, static_argnums=0)
+
+
+def reference_cross_attention(
+    loaded: LoadedModel,
+    sources: Sequence[str],
+    references: Sequence[str],
+    *,
+    batch_size: int = 32,
+    one_shape: bool = False,
+) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
+    """Every decoder layer's cross-attention heads, teacher-forced on each reference, one pass per batch.
+
+    Yields ``(i, heads, means)`` for every sentence ``i`` (in batch order, not corpus order): ``heads`` is
+    float32 ``[L_dec, H, m + 1, n + 1]`` and ``means`` ``[L_dec, m + 1, n + 1]`` the mean over heads, rows
+    and columns laid out as :func:`reference_attention`'s. The batches are :func:`reference_attention`'s.
+    A model without ``cross_attention_weights`` (the RNNs) or an ensemble yields nothing.
+    """
+    from flax import nnx
+
+    if isinstance(loaded.model, tuple) or not hasattr(loaded.model, "cross_attention_weights"):
+        return
+    graphdef, state = nnx.split(loaded.model)
+    n_src = [len(loaded.src_vocab.encode(s)) for s in sources]
+    n_tgt = [len(loaded.tgt_vocab.encode(r)) for r in references]
+    for chunk, src, mask, tgt_in, _ in _reference_batches(loaded, sources, references, batch_size, one_shape):
+        heads, means = (np.asarray(x) for x in _cross_attention_layers()(graphdef, state, src, mask, tgt_in))
+        for r, i in enumerate(chunk):
+            m, n = n_tgt[i] + 1, n_src[i] + 1
+            yield i, heads[r, :, :, :m, :n], means[r, :, :m, :n]
 
 
 @functools.cache
@@ -124,6 +192,56 @@ def hypothesis_cross_attention(
     graphdef, state = nnx.split(loaded.model)
     weights = np.asarray(_cross_attention_heads()(graphdef, state, src, mask, tgt_in))  # [1, L_dec, H, T, S]
     return weights[0, -1, :, : m + 1, : n + 1]
+
+
+def choose_attention(
+    loaded: LoadedModel,
+    sources: Sequence[str],
+    translations: Sequence[list[Translation]],
+    choice: AttentionChoice,
+    *,
+    batch_size: int = 32,
+) -> list[list[Translation]]:
+    """``translations`` with each hypothesis' ``attention`` replaced by one decoder layer or head's.
+
+    Each hypothesis is teacher-forced (``<s>`` then its ids) through ``cross_attention_weights``, one pass
+    per batch; a causal decoder run on its own output reproduces the attention it had while decoding. The
+    default choice returns ``translations`` as they are (the decoder's last-layer mean of heads). A choice
+    the model cannot give raises :class:`AttentionChoiceError` (:meth:`AttentionChoice.check`).
+    """
+    from flax import nnx
+
+    from attn_jax.decoding import model_length_cap
+
+    layer, head = choice.check(loaded)
+    if choice.is_default:
+        return list(translations)
+    sv, tv = loaded.src_vocab, loaded.tgt_vocab
+    # Blank lines have no attention to replace.
+    items = [
+        (i, k) for i, hyps in enumerate(translations) for k, h in enumerate(hyps) if h.attention is not None
+    ]
+    src_ids = {i: sv.encode(sources[i]) for i, _ in items}
+    lengths = [max(len(src_ids[i]), len(translations[i][k].ids)) + 1 for i, k in items]
+    cap = model_length_cap(loaded.model)
+    graphdef, state = nnx.split(loaded.model)
+    out = [list(hyps) for hyps in translations]
+    for chunk, width, rows in length_batches(lengths, batch_size):
+        # Within the model's positions; the causal decoder's rows ignore the padded tail.
+        width = max(max(lengths[c] for c in chunk), min(width, cap)) if cap else width
+        pairs = [items[c] for c in chunk]
+        src, mask = pad_rows([src_ids[i] for i, _ in pairs], width, rows, sv.eos_id, sv.pad_id)
+        tgt_in = np.full((rows, width), tv.pad_id, np.int32)
+        for r in range(rows):  # missing rows repeat the first, as pad_rows' sources do
+            i, k = pairs[r] if r < len(pairs) else pairs[0]
+            tgt_in[r, : len(translations[i][k].ids) + 1] = [tv.bos_id, *translations[i][k].ids]
+        heads, means = (np.asarray(x) for x in _cross_attention_layers()(graphdef, state, src, mask, tgt_in))
+        for r, (i, k) in enumerate(pairs):
+            h = translations[i][k]
+            m, n = len(h.ids) + 1, len(src_ids[i]) + 1
+            chosen = means[r, layer] if head is None else heads[r, layer, head]
+            out[i][k] = h._replace(attention=chosen[:m, :n])
+    return out
 
 
 def sharpest_head(weights: np.ndarray) -> int:

@@ -1,5 +1,6 @@
 """Evaluate a trained run on one split: decode it, score BLEU (overall, by source length, No UNK), chrF, TER
-and AER, draw attention heatmaps and write the tables, the sentences and ``evaluation.{json,md}``."""
+and AER (a multi-head model's also per decoder layer and head), draw attention heatmaps and write the tables,
+the sentences and ``evaluation.{json,md}``."""
 
 from __future__ import annotations
 
@@ -20,12 +21,13 @@ from attn_jax.pipeline._attention import (
     figure3_examples,
     hypothesis_cross_attention,
     reference_attention,
+    reference_cross_attention,
     sharpest_head,
 )
 from attn_jax.pipeline._bleu import _without_sacrebleu_tokenized_warning, bleu_options
 from attn_jax.pipeline._length import LengthLimitReport, length_limit_report
 from attn_jax.pipeline._load import LoadedModel, TranslateError, load_ensemble
-from attn_jax.pipeline._options import DecodeOptions
+from attn_jax.pipeline._options import AttentionChoice, DecodeOptions
 from attn_jax.pipeline._split import load_split, select_examples
 from attn_jax.pipeline._translate import Translation, translate_sentences
 
@@ -59,6 +61,7 @@ def evaluate_workdir(
     log=None,
     progress: Callable[[int, int, float], None] | None = None,
     one_shape: bool = False,
+    attention: AttentionChoice | None = None,
 ) -> dict[str, Any]:
     """Evaluate a training run on one split: decode, BLEU overall / by length / No UNK, AER, heatmaps, tables.
 
@@ -96,6 +99,10 @@ def evaluate_workdir(
         one compiled program each instead of one per width and partial batch. Faster where compiling costs
         more than computing (small models on a CPU); a sentence padded wider may round differently in its
         last bits. Kept in ``options``.
+      attention: the decoder layer and head whose teacher-forced attention gives ``alignments.txt``, the AER
+        and the reference heatmaps (:class:`AttentionChoice`; None: the last layer's mean of heads). Kept in
+        ``options`` as ``attention_layer`` and ``attention_head``. A multi-head model with gold alignments
+        also gets the AER of every layer and head: ``aer_by_head.{md,json}`` and the result's ``aer_by_head``.
 
     Returns:
       A dict: ``system``, ``workdir``, ``step``, ``checkpoint_note`` (None, or why another checkpoint than
@@ -103,6 +110,8 @@ def evaluate_workdir(
       ``signature``, ``bleu_by_length`` (:meth:`BleuByLength.to_dict`), ``chrf`` and ``ter`` (overall scores,
       sacreBLEU's, detokenised as BLEU is), ``chrf_by_length`` and ``ter_by_length``
       (:meth:`attn_jax.eval.ScoreByLength.to_dict`), ``no_unk`` and ``aer`` (dicts or None),
+      ``aer_by_head`` (None, or ``layers``, ``heads``, ``num_sentences``, ``entries``: per decoder layer and
+      head, ``"mean"`` for the layer's mean of heads, the AER dict; ``best``: the head of lowest AER),
       ``skipped_empty`` (pairs of the split with an empty side, which the reader skipped: also logged as a
       warning and kept in ``summary.json`` under ``<system>.skipped_empty``),
       ``length_limit`` (``LengthLimitReport.to_dict``: ``stopped_at_limit`` of ``translations``, the rule; and
@@ -118,11 +127,13 @@ def evaluate_workdir(
       ``system_scores`` (:class:`attn_jax.eval.SystemScores`). ``evaluation.json`` holds the same minus those two objects.
 
     Raises:
+      AttentionChoiceError: an ``attention`` choice the model cannot give.
       TranslateError: a missing run or checkpoint, or bad options. ``attn_jax.data.CorpusError``: the split
         cannot be read.
     """
     log = log or (lambda *a, **k: None)
     decode = dataclasses.replace(decode or DecodeOptions(), nbest=1).check()
+    attention = attention or AttentionChoice()
     bleu = bleu or BleuSettings()
     try:
         bleu.check()
@@ -147,11 +158,14 @@ def evaluate_workdir(
         "min_length": decode.min_length,
         "heatmap_sentences": None if heatmap_sentences is None else [int(i) for i in heatmap_sentences],
         "one_shape": one_shape,
+        "attention_layer": attention.layer,
+        "attention_head": attention.to_dict()["head"],
     }
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
     runs = [os.fspath(workdir)] if isinstance(workdir, str | os.PathLike) else [os.fspath(w) for w in workdir]
     loaded = load_ensemble(runs, checkpoint, weights)
+    attention.check(loaded)  # before decoding: a choice the model cannot give fails at once
     if loaded.note:  # never silent: the CLI logs to stderr, and the JSON and the report keep it
         log(f"warning: {loaded.note}")
     workdir = runs[0]
@@ -181,7 +195,8 @@ def evaluate_workdir(
     t0 = time.perf_counter()
     scored = _score_bleu(loaded, pairs, hypotheses, bleu, log)
     chrf_ter = _score_chrf_ter(pairs, hypotheses, bleu)
-    alignment = _score_alignment(loaded, pairs, batch_size, one_shape)
+    alignment = _score_alignment(loaded, pairs, batch_size, one_shape, attention)
+    by_head = _aer_by_head(loaded, pairs, batch_size, one_shape, log)
     timings["score_s"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
@@ -189,8 +204,18 @@ def evaluate_workdir(
     _write_sentences(files, pairs, hypotheses, alignment.links, bleu)
     members = _members(loaded) if loaded.members else None
     scores = _write_tables(
-        files, system, pairs.corpus, scored, alignment.aer, limit_report, chrf_ter, ensemble=members
+        files,
+        system,
+        pairs.corpus,
+        scored,
+        alignment.aer,
+        limit_report,
+        chrf_ter,
+        ensemble=members,
+        attention=attention,
     )
+    if by_head is not None:
+        _write_aer_by_head(files, by_head)
     picked, heatmaps = _draw_heatmaps(
         files,
         loaded,
@@ -202,6 +227,7 @@ def evaluate_workdir(
         count=num_heatmaps,
         max_length=heatmap_max_length,
         chosen=chosen,
+        attention=attention,
     )
     tensorboard = _tensorboard_images(workdir, loaded, split, files.paths, log, scored, chrf_ter)
     timings["write_s"] = time.perf_counter() - t0
@@ -222,6 +248,7 @@ def evaluate_workdir(
         timings=timings,
         files=files.paths,
         tensorboard=tensorboard,
+        by_head=by_head,
     )
     md = _evaluation_markdown(result, limit_report, scored, scores, heatmaps, chrf_ter)
     _write_evaluation(files, result, md)
@@ -352,13 +379,18 @@ def _score_chrf_ter(pairs: _Pairs, hypotheses: Sequence[str], settings: BleuSett
     }
 
 
-def _score_alignment(loaded: LoadedModel, pairs: _Pairs, batch_size: int, one_shape: bool) -> _Alignment:
-    """AER of the teacher-forced attention on the references against the gold alignments, overall and within
-    the training lengths (links only for word-level vocabularies; AER only where the corpus has gold)."""
+def _score_alignment(
+    loaded: LoadedModel, pairs: _Pairs, batch_size: int, one_shape: bool, choice: AttentionChoice
+) -> _Alignment:
+    """AER of the teacher-forced attention (``choice``'s layer and head) on the references against the gold
+    alignments, overall and within the training lengths (links only for word-level vocabularies; AER only
+    where the corpus has gold)."""
     from attn_jax import eval as ev
 
     sources, references, gold = pairs.sources, pairs.references, pairs.gold
-    attention = reference_attention(loaded, sources, references, batch_size=batch_size, one_shape=one_shape)
+    attention = reference_attention(
+        loaded, sources, references, batch_size=batch_size, one_shape=one_shape, choice=choice
+    )
     if attention is None or not _word_level(loaded):
         return _Alignment(attention, None, None, None)
     links = [
@@ -379,6 +411,95 @@ def _score_alignment(loaded: LoadedModel, pairs: _Pairs, batch_size: int, one_sh
     limit = _training_source_length(loaded.config)
     inside = [k for k, s in enumerate(sources) if limit is None or len(s.split()) <= limit]
     return _Alignment(attention, links, aer_of(range(len(sources))), aer_of(inside) if inside else None)
+
+
+def _aer_by_head(loaded: LoadedModel, pairs: _Pairs, batch_size: int, one_shape: bool, log):
+    """AER of every decoder layer's cross-attention heads and of each layer's mean of heads, teacher-forced
+    on the references in one pass per batch; None without gold, word-level vocabularies or heads."""
+    from attn_jax import eval as ev
+
+    models = loaded.model if isinstance(loaded.model, tuple) else (loaded.model,)
+    if pairs.gold is None or not _word_level(loaded):
+        return None
+    if not any(hasattr(m, "cross_attention_weights") for m in models):
+        return None
+    if loaded.members:  # never silent: say why a multi-head ensemble has no table
+        log("AER by head: not measured for an ensemble (the heads of its runs do not correspond)")
+        return None
+    src_len = [len(s.split()) for s in pairs.sources]
+    tgt_len = [len(r.split()) for r in pairs.references]
+    links: np.ndarray | None = None  # [L, H + 1, N] link sets; index H: the layer's mean of heads
+    for i, heads, means in reference_cross_attention(
+        loaded, pairs.sources, pairs.references, batch_size=batch_size, one_shape=one_shape
+    ):
+        if links is None:
+            links = np.empty((heads.shape[0], heads.shape[1] + 1, len(pairs.sources)), object)
+        m, n = tgt_len[i], src_len[i]
+        for layer in range(heads.shape[0]):
+            for h in range(heads.shape[1]):
+                links[layer, h, i] = ev.argmax_alignment(heads[layer, h, :m, :n])
+            links[layer, -1, i] = ev.argmax_alignment(means[layer, :m, :n])
+    if links is None:
+        return None
+    num_layers, num_heads = links.shape[0], links.shape[1] - 1
+    entries = []
+    for layer in range(num_layers):
+        for h in range(num_heads + 1):
+            aer = ev.alignment_error_rate(
+                list(links[layer, h]), pairs.gold, source_lengths=src_len, target_lengths=tgt_len
+            )
+            entries.append({"layer": layer, "head": "mean" if h == num_heads else h, **aer.to_dict()})
+    heads_only = [e for e in entries if e["head"] != "mean" and e["aer"] is not None]
+    best = min(heads_only, key=lambda e: e["aer"], default=None)  # ties: the first layer and head
+    last_mean = entries[-1]
+    if best is not None:
+        log(
+            f"AER by head: best layer {best['layer']}, head {best['head']}: {100 * best['aer']:.2f} % "
+            f"(last layer, mean of heads: {_percent(last_mean['aer'])}); table in aer_by_head.md"
+        )
+    return {
+        "layers": num_layers,
+        "heads": num_heads,
+        "num_sentences": len(pairs.sources),
+        "entries": entries,
+        "best": None if best is None else {"layer": best["layer"], "head": best["head"], "aer": best["aer"]},
+    }
+
+
+def _percent(fraction: float | None) -> str:
+    """``12.34 %``, or an em dash for no value."""
+    return "—" if fraction is None or math.isnan(fraction) else f"{100 * fraction:.2f} %"
+
+
+def _aer_by_head_markdown(by_head: dict[str, Any]) -> str:
+    """A Markdown table of AER (%) per decoder layer (rows) and head (columns), the best head in bold."""
+    num_heads, best = by_head["heads"], by_head["best"]
+    lines = [
+        "| decoder layer | " + " | ".join(f"head {h}" for h in range(num_heads)) + " | mean of heads |",
+        "|---|" + "---:|" * (num_heads + 1),
+    ]
+    for layer in range(by_head["layers"]):
+        cells = []
+        for e in by_head["entries"][layer * (num_heads + 1) : (layer + 1) * (num_heads + 1)]:
+            cell = _percent(e["aer"]).removesuffix(" %")
+            is_best = best is not None and (e["layer"], e["head"]) == (best["layer"], best["head"])
+            cells.append(f"**{cell}**" if is_best else cell)
+        lines.append(f"| {layer} | " + " | ".join(cells) + " |")
+    text = "\n".join(lines) + (
+        f"\n\nAER (%) of each decoder layer's cross-attention, teacher-forced on the references "
+        f"({by_head['num_sentences']} sentences; layers and heads 0-based)."
+    )
+    if best is not None:
+        text += f" Best: layer {best['layer']}, head {best['head']} (bold)."
+    return text + "\n"
+
+
+def _write_aer_by_head(files: _Files, by_head: dict[str, Any]) -> None:
+    """``aer_by_head.md`` and ``aer_by_head.json`` (NaN as null)."""
+    with open(files.path("aer_by_head.md"), "w", encoding="utf-8") as f:
+        f.write(_aer_by_head_markdown(by_head))
+    with open(files.path("aer_by_head.json"), "w", encoding="utf-8") as f:
+        json.dump(_json_ready(by_head), f, indent=2, allow_nan=False)
 
 
 def _write_sentences(
@@ -412,10 +533,11 @@ def _write_tables(
     limit_report: LengthLimitReport,
     chrf_ter,
     ensemble: list[dict[str, Any]] | None = None,
+    attention: AttentionChoice | None = None,
 ):
     """``bleu_by_length.{md,json,png}`` and ``summary.{md,json}`` (with chrF and TER overall and by source
-    length under ``<system>.chrf`` / ``.ter``, an ensemble's runs under ``<system>.ensemble``); returns the
-    ``attn_jax.eval.SystemScores``."""
+    length under ``<system>.chrf`` / ``.ter``, an ensemble's runs under ``<system>.ensemble``, the attention
+    of the AER under ``<system>.aer_attention``); returns the ``attn_jax.eval.SystemScores``."""
     from attn_jax import eval as ev
 
     scores = ev.SystemScores(bleu.by_length.overall, bleu.no_unk, aer)
@@ -425,6 +547,8 @@ def _write_tables(
         f.write(
             _summary_markdown(system, scores, limit_report, corpus.skipped_empty, corpus.name, bleu.options)
         )
+        if attention is not None and not attention.is_default:
+            f.write(f"\nAER: {attention.describe()} (teacher-forced on the references).\n")
         f.write("\n" + _chrf_ter_markdown(chrf_ter))
     with open(files.path("bleu_by_length.json"), "w", encoding="utf-8") as f:
         json.dump(ev.bleu_by_length_json({system: bleu.by_length}), f, indent=2, allow_nan=False)
@@ -432,6 +556,7 @@ def _write_tables(
     summary[system]["length_limit"] = limit_report.to_dict()
     summary[system]["skipped_empty"] = corpus.skipped_empty
     summary[system]["bleu_options"] = bleu.options
+    summary[system]["aer_attention"] = (attention or AttentionChoice()).to_dict()
     for m, r in chrf_ter.items():
         summary[system][m] = r.to_dict()
     if ensemble:
@@ -498,6 +623,7 @@ def _draw_heatmaps(
     count: int,
     max_length: int,
     chosen: list[int] | None = None,
+    attention: AttentionChoice | None = None,
 ) -> tuple[list[dict[str, Any]], list[str]]:
     """Heatmaps of the sentences :func:`figure3_examples` picks: ``(picked, PNG paths)``, ``picked`` being
     ``evaluation.json``'s ``heatmaps`` (file, index in the split, words, kind); ``names``: system and split."""
@@ -527,8 +653,9 @@ def _draw_heatmaps(
             heatmaps += _draw_own_translation(files, loaded, k, title, source, hyp)
         if ref_attention is not None and _word_level(loaded):
             gold = pairs.gold[i] if pairs.gold is not None else None
+            which = "" if attention is None or attention.is_default else f", {attention.describe()}"
             heatmaps.append(
-                _draw_reference(files, k, title, source, pairs.references[i], ref_attention[i], gold)
+                _draw_reference(files, k, title + which, source, pairs.references[i], ref_attention[i], gold)
             )
     return picked, heatmaps
 
@@ -629,6 +756,7 @@ def _record(
     timings: dict[str, float],
     files: dict[str, str],
     tensorboard: dict[str, Any] | None,
+    by_head: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The result of :func:`evaluate_workdir` as ``evaluation.json`` holds it."""
     aer, aer_within = alignment.aer, alignment.aer_within
@@ -653,6 +781,7 @@ def _record(
         "no_unk": bleu.no_unk.to_dict(),
         "aer": None if aer is None else aer.to_dict(),
         "aer_within_training_lengths": None if aer_within is None else aer_within.to_dict(),
+        "aer_by_head": by_head,
         "training_max_source_length": _training_source_length(loaded.config),
         "length_limit": {
             **limit_report.to_dict(),
@@ -697,6 +826,14 @@ def _evaluation_markdown(
         "## Summary\n",
         _summary_markdown(system, scores, limit_report, skipped, corpus, bleu.options),
     ]
+    if options["attention_layer"] != -1 or options["attention_head"] != "mean":
+        head = options["attention_head"]
+        choice = AttentionChoice(options["attention_layer"], None if head == "mean" else head)
+        md.append(
+            f"AER and `alignments.txt` use the {choice.describe()} (teacher-forced on the references).\n"
+        )
+    if result["aer_by_head"] is not None:
+        md += ["## AER by decoder layer and head\n", _aer_by_head_markdown(result["aer_by_head"])]
     if heatmaps:
         md.append("## Attention\n")
         md.append(

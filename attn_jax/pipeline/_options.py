@@ -1,4 +1,5 @@
-"""How a run's sentences are decoded: one set of options that ``translate`` and ``evaluate`` share."""
+"""How a run's sentences are decoded, and which attention gives their alignments: the options that
+``translate`` and ``evaluate`` share."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import Any
 
 from attn_jax.pipeline._load import TranslateError
 
-__all__ = ["DecodeOptions"]
+__all__ = ["AttentionChoice", "AttentionChoiceError", "DecodeOptions"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,6 +84,87 @@ class DecodeOptions:
     def to_dict(self) -> dict[str, Any]:
         """The fields by name (``evaluation.json``'s ``options`` holds them)."""
         return dataclasses.asdict(self)
+
+
+class AttentionChoiceError(TranslateError):
+    """An :class:`AttentionChoice` that the model cannot give (a bad option, not a broken run)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionChoice:
+    """Which cross-attention gives a multi-head model's alignments and AER: one decoder layer, one head or
+    the mean of the layer's heads.
+
+    The default (last layer, mean of heads) is the attention the decoder reports while it decodes. Any other
+    choice is read from a teacher-forced pass (``cross_attention_weights``). A model with a single attention
+    (RNNsearch, GNMT) and an ensemble take only the default.
+
+    Attributes:
+      layer: the decoder layer, 0-based; negative counts from the end (-1: the last).
+      head: the head index, 0-based; None: the mean over the layer's heads.
+
+    >>> AttentionChoice().is_default, AttentionChoice(head=2).describe()
+    (True, 'last layer, head 2')
+    """
+
+    layer: int = -1
+    head: int | None = None
+
+    @property
+    def is_default(self) -> bool:
+        """Whether this is the last layer's mean of heads (the decoder's own attention)."""
+        return self.layer == -1 and self.head is None
+
+    def describe(self) -> str:
+        """``last layer, mean of heads``, ``layer 0, head 3``: the words of reports and titles."""
+        layer = "last layer" if self.layer == -1 else f"layer {self.layer}"
+        return f"{layer}, {'mean of heads' if self.head is None else f'head {self.head}'}"
+
+    def check(self, loaded) -> tuple[int, int | None]:
+        """``(layer, head)`` with the layer counted from 0, or an :class:`AttentionChoiceError` naming the
+        field: a non-default choice for a model with one attention or an ensemble, or a value out of range."""
+        if not _is_int(self.layer) or not (self.head is None or _is_int(self.head)):
+            raise AttentionChoiceError(f"attention_layer and attention_head must be ints, got {self}")
+        model = loaded.model
+        field = "attention_layer" if self.head is None else "attention_head"
+        value = self.layer if self.head is None else self.head
+        models = model if isinstance(model, tuple) else (model,)
+        if not self.is_default and not any(hasattr(m, "cross_attention_weights") for m in models):
+            raise AttentionChoiceError(
+                f"{field} needs a multi-head model (a Transformer); {_model_kind(loaded)} has a single "
+                f"attention, got {value}"
+            )
+        if isinstance(model, tuple):
+            if self.is_default:
+                return -1, None
+            raise AttentionChoiceError(
+                f"{field} needs one run: the heads of an ensemble's {len(model)} runs do not correspond, "
+                f"got {value}"
+            )
+        if not hasattr(model, "cross_attention_weights"):
+            return -1, None
+        layers, heads = int(model.config.decoder_layers), int(model.config.heads)
+        if not -layers <= self.layer < layers:
+            raise AttentionChoiceError(
+                f"attention_layer must be between {-layers} and {layers - 1} ({_model_kind(loaded)} has "
+                f"{layers} decoder layers), got {self.layer}"
+            )
+        if self.head is not None and not 0 <= self.head < heads:
+            raise AttentionChoiceError(
+                f"attention_head must be mean or between 0 and {heads - 1} ({heads} heads), got {self.head}"
+            )
+        return self.layer % layers, self.head
+
+    def to_dict(self) -> dict[str, Any]:
+        """``{"layer": -1, "head": "mean"}``: ``evaluation.json``'s ``options`` and the AER table hold it."""
+        return {"layer": self.layer, "head": "mean" if self.head is None else self.head}
+
+
+def _model_kind(loaded) -> str:
+    """``RNNsearch``, ``GNMT``, ``Transformer``: the run's ``model.arch``, else the module's class name."""
+    names = {"rnnsearch": "RNNsearch", "rnnenc": "RNNenc", "gnmt": "GNMT", "transformer": "Transformer"}
+    arch = getattr(getattr(getattr(loaded, "config", None), "model", None), "arch", None)
+    return names.get(str(arch), str(arch)) if arch is not None else type(loaded.model).__name__
 
 
 def _is_int(x) -> bool:
