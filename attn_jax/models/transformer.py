@@ -554,16 +554,20 @@ def _layer_params(layer: nnx.Module, names: tuple[str, ...]) -> dict:
     return {n: unwrap(getattr(layer, n)) for n in names if hasattr(layer, n)}
 
 
-def _scan_layers(stack: nnx.Module, body, carry, xs):
+def _scan_layers(stack: nnx.Module, body, carry, xs, unroll: bool = False):
     """``lax.scan`` of ``body(layer, carry, x)`` over the layers of ``stack``, whose parameters have a leading
-    ``layers`` axis: one layer is traced and compiled, whatever the depth."""
+    ``layers`` axis: one layer is traced and compiled, whatever the depth.
+
+    ``unroll=True`` traces every layer instead. Each layer's weights are then constant slices, which XLA
+    hoists out of an enclosing decoding loop rather than slicing them again at every step.
+    """
     graphdef, state = nnx.split(stack)
 
     def step(carry, slices):
         state, x = slices
         return body(nnx.merge(graphdef, state), carry, x)
 
-    return jax.lax.scan(step, carry, (state, xs))
+    return jax.lax.scan(step, carry, (state, xs), unroll=unroll)
 
 
 class TransformerEncoderLayer(nnx.Module):
@@ -712,20 +716,23 @@ class TransformerDecoderLayer(nnx.Module):
         self,
         y: Float[Array, "B 1 D"],
         kv: Float[Array, "B 2 G S K"],
-        cache: tuple[Float[Array, "B G C K"], Float[Array, "B G C K"]],
+        cache: tuple[Float[Array, "B Ld G C K"], Float[Array, "B Ld G C K"]],
+        layer: Int[Array, ""],
         position: Int[Array, " B"],
         cross_mask: Bool[Array, "B 1 1 S"],
     ):
         """One target position ``t`` from the cache: ``(y, cross-attention weights [B, H, 1, S], new cache)``.
 
-        The new position's key and value go into slot ``t`` of ``cache`` (``(keys, values)``), and its query
-        attends slots ``0..t``: teacher forcing's row ``t``, without recomputing earlier positions.
+        ``cache`` holds every decoder layer's keys and values; this layer is number ``layer``. The new
+        position's key and value are scattered into slot ``t`` of that layer, one row each, so a step writes
+        ``B`` slots rather than the whole cache. The query attends slots ``0..t``: teacher forcing's row ``t``,
+        without recomputing earlier positions. A position past the cache writes nothing.
         """
         c = self.config
         p = _layer_params(self, self._NAMES)
         cache_k, cache_v = cache
-        capacity = cache_k.shape[2]
-        slot = (jnp.arange(capacity)[None, :] == position[:, None])[:, None, :, None]  # [B, 1, C, 1]
+        capacity = cache_k.shape[3]
+        rows = jnp.arange(position.shape[0])
         visible = make_padding_mask(position + 1, capacity)[:, None, None, :]  # [B, 1, 1, C]: keys j <= t
         # query position t over cache slots 0..C-1: teacher forcing's row t (masked slots get weight 0)
         positional = _positional(c, p.get("relative"), position[:, None], jnp.arange(capacity)[None, :])
@@ -736,9 +743,12 @@ class TransformerDecoderLayer(nnx.Module):
             if c.positions == "rope":
                 q = rotary_embedding(q, position[:, None, None])
                 k = rotary_embedding(k, position[:, None, None])
-            keys, values = jnp.where(slot, k, cache_k), jnp.where(slot, v, cache_v)
+            new_k = cache_k.at[rows, layer, :, position].set(k[:, :, 0].astype(cache_k.dtype), mode="drop")
+            new_v = cache_v.at[rows, layer, :, position].set(v[:, :, 0].astype(cache_v.dtype), mode="drop")
+            keys = jax.lax.dynamic_index_in_dim(new_k, layer, axis=1, keepdims=False)  # [B, G, C, K]
+            values = jax.lax.dynamic_index_in_dim(new_v, layer, axis=1, keepdims=False)
             out, _ = _attend_heads(pa["out"], q, keys, values, visible, positional, c.normalizer)
-            return out, (keys, values)
+            return out, (new_k, new_v)
 
         return self._sublayers(p, y, self_attention, kv, cross_mask, None)
 
@@ -973,20 +983,21 @@ class Transformer(nnx.Module):
         y = self._embed(self.tgt_embed[...], positions, prev_tokens[:, None], pos[:, None], None)  # [B, 1, D]
         cross_mask = key_padding_mask(enc.mask)[:, None]  # [B, 1, 1, S]
 
-        def layer(decoder_layer, y, xs):
-            kv, cache_k, cache_v = xs  # cache: [B, G, C, K]
-            y, w, cache = decoder_layer.step(y, kv, (cache_k, cache_v), pos, cross_mask)
-            return y, (cache, jnp.mean(w[:, :, 0], axis=1))  # [B, S]
+        def layer(decoder_layer, carry, _):
+            # The whole cache rides in the carry, [B, L_dec, G, C, K] as the state holds it: each layer
+            # updates its own slots in place, instead of the cache being transposed, sliced and restacked.
+            y, i, cache = carry
+            kv = jax.lax.dynamic_index_in_dim(enc.keys, i, axis=1, keepdims=False)  # [B, 2, G, S, K]
+            y, w, cache = decoder_layer.step(y, kv, cache, i, pos, cross_mask)
+            return (y, i + 1, cache), jnp.mean(w[:, :, 0], axis=1)  # [B, S]
 
-        xs = (jnp.moveaxis(enc.keys, 1, 0), jnp.moveaxis(state.keys, 1, 0), jnp.moveaxis(state.values, 1, 0))
-        y, ((keys, values), weights) = _scan_layers(self.decoder, layer, y, xs)
+        carry = (y, jnp.zeros((), jnp.int32), (state.keys, state.values))
+        (y, _, (keys, values)), weights = _scan_layers(self.decoder, layer, carry, None, unroll=True)
         if self.decoder_norm is not None:
             y = _layer_norm(unwrap(self.decoder_norm), y, c.layer_norm_eps)
         logits = self._logits(y[:, 0])
         logits = jnp.where((pos < capacity)[:, None], logits, jnp.nan)  # past the cache: loudly wrong
-        new_state = TransformerDecoderState(
-            keys=jnp.moveaxis(keys, 0, 1), values=jnp.moveaxis(values, 0, 1), position=pos + 1
-        )
+        new_state = TransformerDecoderState(keys=keys, values=values, position=pos + 1)
         return logits, new_state, weights[-1]
 
     # ------------------------------------------------------------------------------------ teacher forcing
