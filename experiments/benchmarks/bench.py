@@ -19,7 +19,9 @@ Rows, one module each in ``rows/`` (README.md says what each measures, why, and 
 7. Transformer training tokens/s with and without packed sequences (not in the default ``--rows``);
 8. peak RSS and start-up of ``attn-jax train`` as a prepared corpus grows (not in the default ``--rows``);
 9. ``attn-jax serve`` sentences/s and latency under 1, 8 and 32 concurrent HTTP clients vs ``attn-jax translate``
-   (not in the default ``--rows``).
+   (not in the default ``--rows``);
+10. an imported Marian model of OPUS-MT's shape: attn_jax beam search vs CTranslate2 (float32, int8) and
+    transformers' ``generate`` at 1 and 2 threads (not in the default ``--rows``).
 
 Timings are medians of repeated calls after a warm-up call, each ended by ``jax.block_until_ready``. JAX
 programs are compiled ahead of time, so compilation is never timed. PyTorch runs with
@@ -67,6 +69,7 @@ from rows.row6_compiles import row_compiles  # noqa: E402
 from rows.row7_packing import row_packing  # noqa: E402
 from rows.row8_large_corpus import row_large_corpus  # noqa: E402
 from rows.row9_serving import row_serving  # noqa: E402
+from rows.row10_marian import row_marian  # noqa: E402
 
 ROWS: dict[int, Callable[[Ctx], Section]] = {
     1: row_dot_product,
@@ -78,6 +81,7 @@ ROWS: dict[int, Callable[[Ctx], Section]] = {
     7: row_packing,
     8: row_large_corpus,
     9: row_serving,
+    10: row_marian,
 }
 
 
