@@ -54,8 +54,8 @@ def row_marian(ctx: Ctx) -> Section:
         f"width {SOURCE_WIDTH} with true lengths in [{SOURCE_WIDTH // 2}, {SOURCE_WIDTH}]. Each case is "
         f"measured in {ctx.sizes.runs} runs after one warm-up call per side; in a run the sides take turns and "
         f"each repeats for ~{BUDGET_S} s (its run time is their median). A time is the median of the runs; "
-        'a ratio is peer time / attn_jax time, the median with the runs\' min–max in brackets. "same" is the '
-        "share of a peer's lines equal to attn_jax's, token for token. Target: CTranslate2 float32 at 2 "
+        "a ratio (after the time) is peer time / attn_jax time, the median with the runs' min–max in brackets. "
+        "The second table counts a peer's lines equal to attn_jax's, token for token. Target: CTranslate2 float32 at 2 "
         f"threads / attn_jax ≥ {CT2_RATIO_MIN} at batch {TARGET_CASE[0]}, beam {TARGET_CASE[1]}.",
     )
     with tempfile.TemporaryDirectory(prefix="bench_marian_") as tmp:
