@@ -52,15 +52,15 @@ def test_measure_interleaved_settles_short_calls_only(monkeypatch):
 
 def test_bench_keeps_its_command_line_and_every_row(monkeypatch):
     bench = load_bench(monkeypatch)
-    assert sorted(bench.ROWS) == list(range(1, 10))
+    assert sorted(bench.ROWS) == list(range(1, 11))
     args = bench.parse_args([])
     assert (args.rows, args.quick, args.device) == ("1,2,3,4,5,6", False, "cpu")
     assert args.out == bench.DEFAULT_OUT == f"{bench.HERE}/RESULTS.md"
     args = bench.parse_args(["--quick", "--rows", "2,3", "--device", "gpu", "--out", "/tmp/R.md"])
     assert (args.rows, args.quick, args.device, args.out) == ("2,3", True, "gpu", "/tmp/R.md")
     # A row that does not exist is refused before JAX is imported, naming the rows there are.
-    with pytest.raises(SystemExit, match=r"unknown rows \[10\]; choose from \[1, 2, 3, 4, 5, 6, 7, 8, 9\]"):
-        bench.main(["--rows", "1,10"])
+    with pytest.raises(SystemExit, match=r"unknown rows \[11\]; choose from \[1, 2, 3, 4, 5, 6, 7, 8, 9, 10\]"):
+        bench.main(["--rows", "1,11"])
 
 
 def test_matmul_flops_counts_attention_as_the_formula(monkeypatch):
