@@ -45,6 +45,8 @@ DEMO_ARGS ?=
 BENCH_ARGS ?=
 GPU_CHECK_ARGS ?=
 TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
+# Where that index cannot be reached, pip falls back to PIP_FIND_LINKS: one quick retry, not five slow ones.
+TORCH_PIP = --retries 1 --timeout 15 --index-url $(TORCH_INDEX)
 
 .PHONY: demo test test-numerics test-all bench gpu-check lint clean install docs
 
@@ -53,7 +55,7 @@ install: $(STAMP)
 # The Marian parity tests run transformers on PyTorch: the CPU wheel first, so no CUDA libraries come along.
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	@$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install --quiet torch --index-url $(TORCH_INDEX)
+	@$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install --quiet torch $(TORCH_PIP)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e ".[$(EXTRAS)]"
 	@touch $@
 
@@ -74,7 +76,7 @@ test-all: $(STAMP)
 	$(NUMERICS_PASS)
 
 bench: $(STAMP)
-	@$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install --quiet torch --index-url $(TORCH_INDEX)
+	@$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install --quiet torch $(TORCH_PIP)
 	$(BIN)/python experiments/benchmarks/bench.py --out experiments/benchmarks/RESULTS.md $(BENCH_ARGS)
 
 gpu-check: $(STAMP)

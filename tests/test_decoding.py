@@ -339,6 +339,57 @@ def test_compiled_search_selects_with_topk_not_a_full_sort():
     assert "TopK" in hlo
 
 
+def test_row_candidates_equal_float64_log_softmax_top_words():
+    """The logits path's candidates: the best 2K + 3 words of a row in (log-prob, id) order, <s> and padding at
+    -inf, </s> kept in the last slot when it ranks lower, against a float64 NumPy ranking."""
+    rng = np.random.default_rng(3)
+    k, vocab = 2, 40
+    logits = rng.normal(size=(3, k, vocab)).astype(np.float32)
+    logits[0, 0, [5, 9, 11]] = logits[0, 0, 7]  # ties rank by word id
+    logits[1, :, EOS] = -8.0  # </s> far below the best words
+    logits[2, 0, PAD] = logits[2, 0, BOS] = 9.0  # <s> and padding on top
+    word, logp, eos_logp, best_word = _beam._row_candidates(jnp.asarray(logits), k, BOS, EOS, PAD)
+    x = logits.astype(np.float64)
+    want_logp = x - x.max(-1, keepdims=True) - np.log(np.exp(x - x.max(-1, keepdims=True)).sum(-1, keepdims=True))
+    width = 2 * k + 3
+    for b, j in itertools.product(range(3), range(k)):
+        order = sorted(range(vocab), key=lambda w: (-logits[b, j, w], w))[:width]
+        if EOS not in order[:-1]:
+            order[-1] = EOS
+        assert word[b, j].tolist() == order
+        want = [-np.inf if w in (PAD, BOS) else want_logp[b, j, w] for w in order]
+        np.testing.assert_allclose(logp[b, j], want, rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(eos_logp[b, j], want_logp[b, j, EOS], rtol=1e-6, atol=1e-6)
+        others = [want_logp[b, j, w] for w in range(vocab) if w not in (PAD, BOS, EOS)]
+        np.testing.assert_allclose(best_word[b, j], max(others), rtol=1e-6, atol=1e-6)
+    assert word[1, 0, -1] == EOS and word[2, 0, 0] == PAD and logp[2, 0, 0] == -np.inf
+
+
+def test_logits_path_equals_the_log_softmax_path():
+    """One model ranks candidates read off its logits; two copies of it go through the averaged log-softmax.
+    Both searches must agree on every token, length and limit flag, with ties among the words (</s> tied too)."""
+    vocab = 12
+    table = np.full((vocab, vocab), 1.0)
+    table[:, EOS] = 1.0  # </s> ties with every word after <s>
+    table[A] = np.arange(vocab) % 3 + 1.0  # three-way ties
+    table[B_, EOS] = 0.5
+    table = table / table.sum(-1, keepdims=True)
+    attention = np.random.default_rng(0).uniform(0.1, 1.0, (vocab, 3))
+    src, mask = table_source(batch=2)
+    model = TableModel(table, attention)
+    rnn = make_rnnsearch()
+    rnn_src, rnn_mask = make_source()
+    for m, (s, sm) in ((model, (src, mask)), (rnn, (rnn_src, rnn_mask))):
+        for k in (1, 2, 3):
+            kw = dict(beam_size=k, num_return=k, max_length=6, max_length_ratio=None, length_penalty_alpha=ALPHA)
+            one, two = beam_search(m, s, sm, **kw), beam_search([m, m], s, sm, **kw)
+            np.testing.assert_array_equal(one.tokens, two.tokens)
+            np.testing.assert_array_equal(one.lengths, two.lengths)
+            np.testing.assert_array_equal(one.truncated, two.truncated)
+            assert_close_f32(one.scores, two.scores, reduction=6 * vocab)
+            assert_close_f32(one.log_probs, two.log_probs, reduction=6 * vocab)
+
+
 def test_max_length_and_ratio_limits_are_respected():
     # The trap model never stops after `a` under greedy decoding: every sentence runs to its limit.
     model = TableModel(TRAP)

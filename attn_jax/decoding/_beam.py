@@ -463,6 +463,41 @@ def _block_repeats(
     return logp
 
 
+def _row_width(k: int) -> int:
+    """Candidates per hypothesis in the logits path: the ``2K`` the flat ranking may need, two slots that
+    ``<s>`` and padding may take, and one that holds ``</s>`` when it ranks lower."""
+    return 2 * k + 3
+
+
+def _row_candidates(
+    logits: Float[Array, "B K V"], k: int, bos_id: int, eos_id: int, pad_id: int
+) -> tuple[Int[Array, "B K W"], Float[Array, "B K W"], Float[Array, "B K"], Float[Array, "B K"]]:
+    """The best ``W = 2K + 3`` words of each row with their log-probabilities, without writing the row's
+    log-softmax: two reductions and one ``top_k`` read the logits, nothing ``[B, K, V]`` is written.
+
+    Returns ``(word, logp, eos_logp, best_word)``: ``word`` and ``logp`` ``[B, K, W]`` in (log-prob desc, id
+    asc) order, ``<s>`` and padding at ``-inf``, ``</s>`` always present (in the last slot when it ranks
+    lower); ``eos_logp`` ``[B, K]`` the log-probability of ``</s>``; ``best_word`` ``[B, K]`` that of the best
+    other word. The log-probabilities are ``jax.nn.log_softmax``'s, computed with the same operations.
+    """
+    width = _row_width(k)
+    x_max = jnp.max(logits, axis=-1, keepdims=True)
+    lse = jnp.log(jnp.sum(jnp.exp(logits - x_max), axis=-1, keepdims=True))
+    vals, word = jax.lax.top_k(logits, width)
+    # Masked, not sliced: a slice of top_k's output stops XLA's rewrite of the sort into its TopK kernel.
+    slot = jnp.arange(width)
+    has_eos = jnp.any((word == eos_id) & (slot < width - 1), axis=-1, keepdims=True)
+    put_eos = (slot == width - 1) & ~has_eos
+    eos_x = logits[..., eos_id : eos_id + 1]
+    vals = jnp.where(put_eos, eos_x, vals)
+    word = jnp.where(put_eos, eos_id, word).astype(jnp.int32)
+    free = (word != pad_id) & (word != bos_id)
+    logp = jnp.where(free, (vals - x_max) - lse, _NEG_INF)
+    eos_logp = ((eos_x - x_max) - lse)[..., 0]
+    best_word = jnp.max(jnp.where(word != eos_id, logp, _NEG_INF), axis=-1)
+    return word, logp, eos_logp, best_word
+
+
 def _search(
     graphdefs,
     states,
@@ -498,14 +533,24 @@ def _search(
         encs.append(repeat_batch(enc, k))
 
     max_lp = length_penalty(limit, alpha)  # [B] the largest lp any finished hypothesis can reach
+    # One model and no rule that rewrites the distribution: the search ranks a few candidates per row read off
+    # the logits and never writes the [B, K, V] log-probabilities (see _row_candidates).
+    from_logits = len(models) == 1 and not (no_repeat_ngram or min_length) and prefix is None and cons is None
 
     def decode(dec_states, prev):
-        """One position for every model: averaged log-probs ``[B, K, V]``, new states, attention ``[B, K, S]``."""
-        return ensemble_step(models, encs, dec_states, prev, (batch, k, src_len), (bos_id, eos_id, pad_id))
+        """One position for every model: averaged log-probs (or, when ``from_logits``, the one model's logits)
+        ``[B, K, V]``, new states, attention ``[B, K, S]``."""
+        return ensemble_step(
+            models, encs, dec_states, prev, (batch, k, src_len), (bos_id, eos_id, pad_id), raw=from_logits
+        )
 
     def advance(t, alive: _Alive, fin: _Finished, logp, new_states, attn):
         """Extend every alive hypothesis by one token: offer the ``</s>`` ones, keep the best ``K`` others."""
         vocab = logp.shape[-1]
+        if from_logits and _row_width(k) <= vocab:
+            return advance_raw(t, alive, fin, logp, new_states, attn)
+        if from_logits:
+            logp = jax.nn.log_softmax(logp, axis=-1)
         ids = jnp.arange(vocab)
         at_limit = (t + 1 >= limit)[:, None, None]  # [B, 1, 1]: the last token a sentence may have
         raw = logp
@@ -566,9 +611,49 @@ def _search(
             log_probs, keep = jax.lax.top_k(jnp.where(top_eos, _NEG_INF, top_lp), k)  # the K best others
             flat = jnp.take_along_axis(top, keep, axis=1)
             progress = None
+        return finish_step(t, alive, fin, log_probs, flat, vocab, history, coverage, new_states, progress)
+
+    def advance_raw(t, alive: _Alive, fin: _Finished, logits, new_states, attn):
+        """``advance`` for one model without rules, from its logits: the same ranking, ties and scores."""
+        vocab = logits.shape[-1]
+        at_limit = (t + 1 >= limit)[:, None, None]  # [B, 1, 1]
+        word, logp_c, eos_logp, best_word = _row_candidates(logits, k, bos_id, eos_id, pad_id)
+        ok = ~at_limit | (word == eos_id)
+        cand = alive.log_probs[..., None] + jnp.where(ok, logp_c, _NEG_INF)  # [B, K, W]
+        forced = at_limit[:, :, 0] & (eos_logp < best_word)  # [B, K]
+
+        history, coverage = alive.attention, alive.coverage
+        if attn is not None:
+            history = jax.lax.dynamic_update_index_in_dim(history, attn, t, axis=2)
+            coverage = coverage + attn
+
+        width = cand.shape[-1]
+        # Row by row the candidates lie in (log-prob, word id) order, so flat positions rank as flat ids do.
+        flat_c = (jnp.arange(k)[None, :, None] * vocab + word).reshape(batch, k * width)
+        top_lp, pos = jax.lax.top_k(cand.reshape(batch, k * width), 2 * k)  # [B, 2K], best first
+        top = jnp.take_along_axis(flat_c, pos, axis=1)
+        top_eos = (top % vocab) == eos_id
+        eos_flat = jnp.arange(k) * vocab + eos_id
+        first_k = (jnp.arange(2 * k) < k)[None, None, :]
+        in_top_k = jnp.any((top[:, None, :] == eos_flat[None, :, None]) & first_k, axis=-1)  # [B, K]
+        eos_lp = jnp.where(in_top_k, alive.log_probs + eos_logp, _NEG_INF)  # [B, K]
+        done_tokens = jax.lax.dynamic_update_index_in_dim(
+            alive.tokens, jnp.full((batch, k), eos_id, jnp.int32), t, axis=2
+        )
+        eos_scores = normalized_score(eos_lp, t + 1, coverage, src_mask[:, None, :], alpha, beta)
+        offered = _Finished(done_tokens, jnp.full((batch, k), t + 1, jnp.int32), eos_scores, eos_lp, history, forced)
+        both = jax.tree.map(lambda a, b: jnp.concatenate([a, b], axis=1), fin, offered)
+        _, best = jax.lax.top_k(both.scores, k)
+        fin = jax.tree.map(lambda x: _take_beams(x, best), both)
+        log_probs, keep = jax.lax.top_k(jnp.where(top_eos, _NEG_INF, top_lp), k)
+        flat = jnp.take_along_axis(top, keep, axis=1)
+        return finish_step(t, alive, fin, log_probs, flat, vocab, history, coverage, new_states, None)
+
+    def finish_step(t, alive, fin, log_probs, flat, vocab, history, coverage, new_states, progress):
+        """Reorder the alive set to the chosen extensions ``flat`` ``[B, K]`` and stop finished sentences."""
         beams, words = flat // vocab, (flat % vocab).astype(jnp.int32)
         tokens = jax.lax.dynamic_update_index_in_dim(_take_beams(alive.tokens, beams), words, t, axis=2)
-        if attn is not None:
+        if history is not None:
             history, coverage = _take_beams(history, beams), _take_beams(coverage, beams)
         rows = (jnp.arange(batch)[:, None] * k + beams).reshape(-1)  # back-pointers into the B·K rows
         states = tuple(gather_batch(s, rows) for s in new_states)
@@ -645,9 +730,12 @@ _search_jit = jax.jit(
 )
 
 
-def ensemble_step(models, encs, dec_states, prev, shape: tuple[int, int, int], special: tuple[int, int, int]):
+def ensemble_step(
+    models, encs, dec_states, prev, shape: tuple[int, int, int], special: tuple[int, int, int], *, raw=False
+):
     """One decoding position for every ensemble member: the members' log-softmax averaged ``[B, K, V]``, their
-    new states, and their attention averaged ``[B, K, S]`` (None when no member returns one).
+    new states, and their attention averaged ``[B, K, S]`` (None when no member returns one). With ``raw`` and
+    one member, the member's float32 logits instead of their log-softmax.
 
     ``shape`` is ``(B, K, S)``, the rows being ``B·K`` hypotheses; ``special`` is ``(bos, eos, pad)``, each
     checked against the vocabulary. Beam search and sampling share it, so both check members alike.
@@ -668,7 +756,8 @@ def ensemble_step(models, encs, dec_states, prev, shape: tuple[int, int, int], s
                 f"model {i}: decode_step attention must be [B*K, S] = {[batch * k, src_len]}, "
                 f"got {list(attn.shape)}"
             )
-        logps.append(jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1))
+        logits = logits.astype(jnp.float32)
+        logps.append(logits if raw and len(models) == 1 else jax.nn.log_softmax(logits, axis=-1))
         new_states.append(dec)
         if attn is not None:
             attns.append(attn.astype(jnp.float32))
