@@ -350,7 +350,9 @@ def test_row_candidates_equal_float64_log_softmax_top_words():
     logits[2, 0, PAD] = logits[2, 0, BOS] = 9.0  # <s> and padding on top
     word, logp, eos_logp, best_word = _beam._row_candidates(jnp.asarray(logits), k, BOS, EOS, PAD)
     x = logits.astype(np.float64)
-    want_logp = x - x.max(-1, keepdims=True) - np.log(np.exp(x - x.max(-1, keepdims=True)).sum(-1, keepdims=True))
+    want_logp = (
+        x - x.max(-1, keepdims=True) - np.log(np.exp(x - x.max(-1, keepdims=True)).sum(-1, keepdims=True))
+    )
     width = 2 * k + 3
     for b, j in itertools.product(range(3), range(k)):
         order = sorted(range(vocab), key=lambda w: (-logits[b, j, w], w))[:width]
@@ -381,7 +383,9 @@ def test_logits_path_equals_the_log_softmax_path():
     rnn_src, rnn_mask = make_source()
     for m, (s, sm) in ((model, (src, mask)), (rnn, (rnn_src, rnn_mask))):
         for k in (1, 2, 3):
-            kw = dict(beam_size=k, num_return=k, max_length=6, max_length_ratio=None, length_penalty_alpha=ALPHA)
+            kw = dict(
+                beam_size=k, num_return=k, max_length=6, max_length_ratio=None, length_penalty_alpha=ALPHA
+            )
             one, two = beam_search(m, s, sm, **kw), beam_search([m, m], s, sm, **kw)
             np.testing.assert_array_equal(one.tokens, two.tokens)
             np.testing.assert_array_equal(one.lengths, two.lengths)

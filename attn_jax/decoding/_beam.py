@@ -641,7 +641,9 @@ def _search(
             alive.tokens, jnp.full((batch, k), eos_id, jnp.int32), t, axis=2
         )
         eos_scores = normalized_score(eos_lp, t + 1, coverage, src_mask[:, None, :], alpha, beta)
-        offered = _Finished(done_tokens, jnp.full((batch, k), t + 1, jnp.int32), eos_scores, eos_lp, history, forced)
+        offered = _Finished(
+            done_tokens, jnp.full((batch, k), t + 1, jnp.int32), eos_scores, eos_lp, history, forced
+        )
         both = jax.tree.map(lambda a, b: jnp.concatenate([a, b], axis=1), fin, offered)
         _, best = jax.lax.top_k(both.scores, k)
         fin = jax.tree.map(lambda x: _take_beams(x, best), both)
