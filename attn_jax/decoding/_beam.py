@@ -570,27 +570,62 @@ def _search(
         best_word = jnp.max(jnp.where(free & (ids != eos_id), logp, _NEG_INF), axis=-1)  # [B, K]
         forced = at_limit[:, :, 0] & (logp[..., eos_id] < best_word)  # [B, K]
 
+        history, coverage = record_attention(t, alive, attn)
+        if cons is None:
+            # The 2K best extensions hold at least K that do not end the sentence (one </s> per hypothesis).
+            top_lp, top = jax.lax.top_k(cand.reshape(batch, k * vocab), 2 * k)  # [B, 2K], best first
+            in_top_k, log_probs, flat = split_top(top_lp, top, vocab)
+            progress = None
+        else:  # dynamic beam allocation picks the candidates instead, in the same two roles
+            in_top_k, log_probs, flat, progress = _constrained.allocate(cand, alive.progress, cons, k, eos_id)
+        eos_lp = jnp.where(in_top_k, cand[..., eos_id], _NEG_INF)  # [B, K]
+        fin = offer_finished(t, alive, fin, eos_lp, history, coverage, forced)
+        return finish_step(t, alive, fin, log_probs, flat, vocab, history, coverage, new_states, progress)
+
+    def advance_raw(t, alive: _Alive, fin: _Finished, logits, new_states, attn):
+        """``advance`` for one model without rules, from its logits: the same ranking, ties and scores."""
+        vocab = logits.shape[-1]
+        at_limit = (t + 1 >= limit)[:, None, None]  # [B, 1, 1]
+        word, logp_c, eos_logp, best_word = _row_candidates(logits, k, bos_id, eos_id, pad_id)
+        ok = ~at_limit | (word == eos_id)
+        cand = alive.log_probs[..., None] + jnp.where(ok, logp_c, _NEG_INF)  # [B, K, W]
+        forced = at_limit[:, :, 0] & (eos_logp < best_word)  # [B, K]
+
+        history, coverage = record_attention(t, alive, attn)
+        width = cand.shape[-1]
+        # Row by row the candidates lie in (log-prob, word id) order, so flat positions rank as flat ids do.
+        flat_c = (jnp.arange(k)[None, :, None] * vocab + word).reshape(batch, k * width)
+        top_lp, pos = jax.lax.top_k(cand.reshape(batch, k * width), 2 * k)  # [B, 2K], best first
+        top = jnp.take_along_axis(flat_c, pos, axis=1)
+        in_top_k, log_probs, flat = split_top(top_lp, top, vocab)
+        eos_lp = jnp.where(in_top_k, alive.log_probs + eos_logp, _NEG_INF)  # [B, K]
+        fin = offer_finished(t, alive, fin, eos_lp, history, coverage, forced)
+        return finish_step(t, alive, fin, log_probs, flat, vocab, history, coverage, new_states, None)
+
+    def record_attention(t, alive: _Alive, attn):
+        """The attention history with step ``t`` written in, and the coverage with it added."""
         history, coverage = alive.attention, alive.coverage
         if attn is not None:
             history = jax.lax.dynamic_update_index_in_dim(history, attn, t, axis=2)
             coverage = coverage + attn
+        return history, coverage
 
-        if cons is None:
-            # The 2K best extensions hold at least K that do not end the sentence (one </s> per hypothesis).
-            top_lp, top = jax.lax.top_k(cand.reshape(batch, k * vocab), 2 * k)  # [B, 2K], best first
-            top_eos = (top % vocab) == eos_id
-            # A </s> extension finishes only if it ranks among the K best of all extensions (fairseq's rule),
-            # so K = 1 is greedy decoding: the sentence ends exactly when </s> is the argmax.
-            # [K]: where each hypothesis' </s> lies in the flat axis
-            eos_flat = jnp.arange(k) * vocab + eos_id
-            # Masked, not sliced (top[:, :k]): a second slice of top_k's output stops XLA from rewriting the
-            # sort behind top_k into its TopK kernel, and a full sort of the K·V axis every step was ~90 % of
-            # the search.
-            first_k = (jnp.arange(2 * k) < k)[None, None, :]
-            in_top_k = jnp.any((top[:, None, :] == eos_flat[None, :, None]) & first_k, axis=-1)  # [B, K]
-        else:  # dynamic beam allocation picks the candidates instead, in the same two roles
-            in_top_k, log_probs, flat, progress = _constrained.allocate(cand, alive.progress, cons, k, eos_id)
-        eos_lp = jnp.where(in_top_k, cand[..., eos_id], _NEG_INF)  # [B, K]
+    def split_top(top_lp, top, vocab):
+        """From the ``2K`` best flat extensions ``[B, 2K]``: whether each hypothesis' ``</s>`` ranks among
+        the ``K`` best (fairseq's rule, so ``K = 1`` is greedy decoding), and the ``K`` best others."""
+        top_eos = (top % vocab) == eos_id
+        eos_flat = jnp.arange(k) * vocab + eos_id  # [K]: where each hypothesis' </s> lies in the flat axis
+        # Masked, not sliced (top[:, :k]): a second slice of top_k's output stops XLA from rewriting the
+        # sort behind top_k into its TopK kernel, and a full sort of the K·V axis every step was ~90 % of
+        # the search.
+        first_k = (jnp.arange(2 * k) < k)[None, None, :]
+        in_top_k = jnp.any((top[:, None, :] == eos_flat[None, :, None]) & first_k, axis=-1)  # [B, K]
+        log_probs, keep = jax.lax.top_k(jnp.where(top_eos, _NEG_INF, top_lp), k)  # the K best others
+        return in_top_k, log_probs, jnp.take_along_axis(top, keep, axis=1)
+
+    def offer_finished(t, alive, fin, eos_lp, history, coverage, forced):
+        """Offer each hypothesis ended by ``</s>`` (log-prob ``eos_lp`` ``[B, K]``, ``-inf`` when not offered)
+        to the finished set and keep its ``K`` best."""
         done_tokens = jax.lax.dynamic_update_index_in_dim(
             alive.tokens, jnp.full((batch, k), eos_id, jnp.int32), t, axis=2
         )
@@ -605,51 +640,7 @@ def _search(
             _, best = jax.lax.top_k(both.scores, k)
         else:
             best = _constrained.rank_finished(both.scores, both.unmet, k)
-        fin = jax.tree.map(lambda x: _take_beams(x, best), both)
-
-        if cons is None:
-            log_probs, keep = jax.lax.top_k(jnp.where(top_eos, _NEG_INF, top_lp), k)  # the K best others
-            flat = jnp.take_along_axis(top, keep, axis=1)
-            progress = None
-        return finish_step(t, alive, fin, log_probs, flat, vocab, history, coverage, new_states, progress)
-
-    def advance_raw(t, alive: _Alive, fin: _Finished, logits, new_states, attn):
-        """``advance`` for one model without rules, from its logits: the same ranking, ties and scores."""
-        vocab = logits.shape[-1]
-        at_limit = (t + 1 >= limit)[:, None, None]  # [B, 1, 1]
-        word, logp_c, eos_logp, best_word = _row_candidates(logits, k, bos_id, eos_id, pad_id)
-        ok = ~at_limit | (word == eos_id)
-        cand = alive.log_probs[..., None] + jnp.where(ok, logp_c, _NEG_INF)  # [B, K, W]
-        forced = at_limit[:, :, 0] & (eos_logp < best_word)  # [B, K]
-
-        history, coverage = alive.attention, alive.coverage
-        if attn is not None:
-            history = jax.lax.dynamic_update_index_in_dim(history, attn, t, axis=2)
-            coverage = coverage + attn
-
-        width = cand.shape[-1]
-        # Row by row the candidates lie in (log-prob, word id) order, so flat positions rank as flat ids do.
-        flat_c = (jnp.arange(k)[None, :, None] * vocab + word).reshape(batch, k * width)
-        top_lp, pos = jax.lax.top_k(cand.reshape(batch, k * width), 2 * k)  # [B, 2K], best first
-        top = jnp.take_along_axis(flat_c, pos, axis=1)
-        top_eos = (top % vocab) == eos_id
-        eos_flat = jnp.arange(k) * vocab + eos_id
-        first_k = (jnp.arange(2 * k) < k)[None, None, :]
-        in_top_k = jnp.any((top[:, None, :] == eos_flat[None, :, None]) & first_k, axis=-1)  # [B, K]
-        eos_lp = jnp.where(in_top_k, alive.log_probs + eos_logp, _NEG_INF)  # [B, K]
-        done_tokens = jax.lax.dynamic_update_index_in_dim(
-            alive.tokens, jnp.full((batch, k), eos_id, jnp.int32), t, axis=2
-        )
-        eos_scores = normalized_score(eos_lp, t + 1, coverage, src_mask[:, None, :], alpha, beta)
-        offered = _Finished(
-            done_tokens, jnp.full((batch, k), t + 1, jnp.int32), eos_scores, eos_lp, history, forced
-        )
-        both = jax.tree.map(lambda a, b: jnp.concatenate([a, b], axis=1), fin, offered)
-        _, best = jax.lax.top_k(both.scores, k)
-        fin = jax.tree.map(lambda x: _take_beams(x, best), both)
-        log_probs, keep = jax.lax.top_k(jnp.where(top_eos, _NEG_INF, top_lp), k)
-        flat = jnp.take_along_axis(top, keep, axis=1)
-        return finish_step(t, alive, fin, log_probs, flat, vocab, history, coverage, new_states, None)
+        return jax.tree.map(lambda x: _take_beams(x, best), both)
 
     def finish_step(t, alive, fin, log_probs, flat, vocab, history, coverage, new_states, progress):
         """Reorder the alive set to the chosen extensions ``flat`` ``[B, K]`` and stop finished sentences."""
