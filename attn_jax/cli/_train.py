@@ -50,8 +50,10 @@ checkpoint is left intact), no checkpoint can be read on ``--resume``, or the ma
 flag, config file (including one whose ``get_config`` raises), key or value, found before anything is trained;
 3 training diverged (NaN/inf loss; nothing saved after the last good checkpoint); 4 the processes of a
 multi-process run could not join (a process missing after ``--distributed-timeout``, named) or another process
-was lost (killed, crashed, hung, or ended with an error; named); 130 interrupted; ``128 + N`` this process of a
-multi-process run was killed by signal N (e.g. 137: ``SIGKILL``, out of memory).
+was lost (killed, crashed, hung, or ended with an error; named); 75 stopped by SIGTERM or SIGINT after saving
+the step in flight (requeue and continue with ``--resume``); 130 interrupted by a second Ctrl-C (the last
+checkpoint intact); ``128 + N`` this process of a multi-process run was killed by signal N (e.g. 137:
+``SIGKILL``, out of memory).
 
 ``--resume`` restores the newest checkpoint that can be read. A newer one that cannot (a truncated or deleted
 file) is moved to ``<workdir>/damaged-checkpoints/<step>`` (kept, never deleted, so the resumed run's own saves
@@ -107,7 +109,8 @@ def add_train_parser(subparsers) -> argparse.ArgumentParser:
             "key with its value, --help-config also its meaning. A config file is PATH.py or PATH.py:VARIANT (e.g. "
             ":smoke). Set JAX_COMPILATION_CACHE_DIR to reuse compiled steps across runs. Exit status: 0 done, "
             "1 corpus, workdir, checkpoint or memory error, 2 bad flag/config, 3 diverged (NaN/inf), "
-            "4 multi-process failure (a process missing or lost: named), 130 interrupted."
+            "4 multi-process failure (a process missing or lost: named), 75 stopped by SIGTERM/SIGINT after "
+            "saving (requeue with --resume), 130 interrupted."
         ),
     )
     p.add_argument(
@@ -364,9 +367,11 @@ def _train(args: argparse.Namespace, joined: bool) -> int:
     from attn_jax.data import CorpusError
     from attn_jax.parallel import await_peer_report
     from attn_jax.train import (
+        REQUEUE_STATUS,
         CheckpointSaveError,
         CheckpointUnreadable,
         ConfigError,
+        Preempted,
         RunLocked,
         TrainingDiverged,
         WorkdirError,
@@ -413,6 +418,9 @@ def _train(args: argparse.Namespace, joined: bool) -> int:
         if joined:
             return _error(f"multi-process run failed (did another process die?): {first[:300]}", 4)
         raise
+    except Preempted as e:
+        print(f"attn-jax train: {e}", file=sys.stderr)
+        return REQUEUE_STATUS
     except KeyboardInterrupt:
         from attn_jax.parallel import leaving
 

@@ -63,7 +63,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from attn_jax.models.interface import EncoderOutput, check_source, check_tokens
+from attn_jax.models.interface import EncoderOutput, check_remat, check_source, check_tokens, remat_layer
 from attn_jax.models.presets import canonicalize_dtypes
 from attn_jax.nn._params import partitioned, unwrap
 from attn_jax.nn.attention import AdditiveAttention
@@ -110,6 +110,10 @@ class GNMTConfig:
       pipeline_stages: ``1``: the uniform stacks run as plain scans. ``> 1``: they run through
         ``attn_jax.parallel.pipelined_stack`` over the mesh axis ``stage`` (the model must then be called under
         ``jax.set_mesh`` with such an axis); each non-empty stack's depth must divide evenly into the stages.
+      remat: what each layer of the uniform stacks keeps for the backward pass (``jax.checkpoint``):
+        ``"none"``, ``"full"`` (only its input sequence), ``"dots_saveable"`` or
+        ``"dots_with_no_batch_dims_saveable"`` (see :data:`~attn_jax.models.interface.REMAT_POLICIES`); not
+        applied with ``pipeline_stages > 1``, where the pipeline schedules the layers.
       param_dtype: dtype the parameters are stored in.
       dtype: compute dtype of matmul operands and activations (``bfloat16`` for mixed precision; LSTM states,
         attention logits, softmax and output logits stay float32).
@@ -125,6 +129,7 @@ class GNMTConfig:
     attention: GNMTAttention = "normed_additive"
     align: int = 1024
     pipeline_stages: int = 1
+    remat: str = "none"
     param_dtype: str = "float32"
     dtype: str = "float32"
 
@@ -134,6 +139,7 @@ class GNMTConfig:
         _check_int("encoder_layers", self.encoder_layers, 2)
         _check_int("decoder_layers", self.decoder_layers, 1)
         _check_int("residual_start", self.residual_start, 3)
+        check_remat("gnmt config", self.remat)
         if self.attention not in GNMT_ATTENTIONS:
             raise ValueError(
                 f"GNMT config: attention must be one of {', '.join(GNMT_ATTENTIONS)}; got {self.attention!r}"
@@ -226,15 +232,19 @@ def _decoder_layer(params, state: LSTMState, inputs, *, dtype, residual: bool):
     return new, (below + new.h if residual else new.h, ctx)
 
 
-def _stacked_scan(layer_fn, stacked_params, init_carry, xs):
-    """``lax.scan`` over layers of ``lax.scan`` over time: ``(top outputs [T, ...], final carries [L, ...])``."""
+def _stacked_scan(layer_fn, stacked_params, init_carry, xs, remat: str = "none"):
+    """``lax.scan`` over layers of ``lax.scan`` over time: ``(top outputs [T, ...], final carries [L, ...])``.
+
+    ``remat`` makes each layer a ``jax.checkpoint`` (:func:`~attn_jax.models.interface.remat_layer`): the
+    backward pass keeps the layer's input sequence and recomputes its time scan.
+    """
 
     def one_layer(inputs, layer):
         params, carry = layer
         carry, outputs = jax.lax.scan(functools.partial(layer_fn, params), carry, inputs)
         return outputs, carry
 
-    return jax.lax.scan(one_layer, xs, (stacked_params, init_carry))
+    return jax.lax.scan(remat_layer(one_layer, remat), xs, (stacked_params, init_carry))
 
 
 def _uniform_embedding(vocab: int, features: int, *, param_dtype, dtype, rngs: nnx.Rngs) -> nnx.Embed:
@@ -319,7 +329,7 @@ class GNMT(nnx.Module):
             from attn_jax.parallel import pipelined_stack  # lazy: only pipelined runs need parallel/
 
             return pipelined_stack(layer_fn, stacked_params, init_carry, xs)
-        return _stacked_scan(layer_fn, stacked_params, init_carry, xs)
+        return _stacked_scan(layer_fn, stacked_params, init_carry, xs, remat=self.config.remat)
 
     # ----------------------------------------------------------------------------------------------- encoder
 

@@ -166,3 +166,29 @@ def check_tokens(name: str, tokens, batch: int, rank: int) -> None:
         )
     if shape[0] != batch:
         raise ValueError(f"{name} has batch size {shape[0]} (shape {shape}) but the source batch has {batch}")
+
+
+# ``model.remat``: the jax.checkpoint policy of each layer; ``None`` keeps nothing but the layer's input.
+REMAT_POLICIES = {
+    "none": None,
+    "full": None,
+    "dots_saveable": jax.checkpoint_policies.dots_saveable,
+    "dots_with_no_batch_dims_saveable": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+}
+
+
+def check_remat(where: str, remat: str) -> None:
+    """Raise a one-line ``ValueError`` unless ``remat`` names a :data:`REMAT_POLICIES` entry."""
+    if remat not in REMAT_POLICIES:
+        raise ValueError(f"{where}: remat must be one of {', '.join(REMAT_POLICIES)}; got {remat!r}")
+
+
+def remat_layer(fn, remat: str):
+    """``fn`` (one layer, the body of a scan over layers) under ``jax.checkpoint`` with policy ``remat``.
+
+    Its activations are then recomputed in the backward pass instead of kept; ``"none"`` returns ``fn``.
+    ``prevent_cse=False``: inside a scan, common-subexpression elimination cannot undo the recomputation.
+    """
+    if remat == "none":
+        return fn
+    return jax.checkpoint(fn, policy=REMAT_POLICIES[remat], prevent_cse=False)

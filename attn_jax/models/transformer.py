@@ -92,7 +92,7 @@ from attn_jax.attention._relative import (
     relative_attention,
     relative_position_index,
 )
-from attn_jax.models.interface import EncoderOutput, check_source, check_tokens
+from attn_jax.models.interface import EncoderOutput, check_remat, check_source, check_tokens, remat_layer
 from attn_jax.models.presets import canonicalize_dtypes
 from attn_jax.nn._params import partitioned, unwrap, wrap
 from attn_jax.typing import Array, Bool, Float, Int
@@ -168,6 +168,11 @@ class TransformerConfig:
         ``"swish"`` (``x·σ(x)``, the OPUS-MT models').
       layer_norm_eps: the ``ε`` of every LayerNorm (``1e-6`` here; PyTorch and Marian checkpoints use ``1e-5``).
       scale_embeddings: multiply token embeddings by ``√d`` (§3.4); False for checkpoints trained without it.
+      remat: what each layer keeps for the backward pass (activation rematerialisation, ``jax.checkpoint``):
+        ``"none"`` keeps everything; ``"full"`` keeps only the layer's input and recomputes the rest;
+        ``"dots_saveable"`` keeps matmul outputs; ``"dots_with_no_batch_dims_saveable"`` keeps only the
+        matmuls without batch dimensions (the projections, not the attention scores). Gradients are the same;
+        less memory costs recomputation.
       param_dtype: dtype the parameters are stored in.
       dtype: compute dtype of matmul operands and activations entering them (``"bfloat16"`` for mixed
         precision); the residual stream, LayerNorm, softmax and logits stay float32.
@@ -192,6 +197,7 @@ class TransformerConfig:
     activation: str = "relu"
     layer_norm_eps: float = 1e-6
     scale_embeddings: bool = True
+    remat: str = "none"
     param_dtype: str = "float32"
     dtype: str = "float32"
 
@@ -231,6 +237,7 @@ class TransformerConfig:
                 raise ValueError(
                     f"transformer config: {name} must be one of {', '.join(allowed)}; got {getattr(self, name)!r}"
                 )
+        check_remat("transformer config", self.remat)
         if self.activation not in ACTIVATIONS:
             raise ValueError(
                 f"transformer config: activation must be one of {', '.join(ACTIVATIONS)}; got {self.activation!r}"
@@ -554,18 +561,22 @@ def _layer_params(layer: nnx.Module, names: tuple[str, ...]) -> dict:
     return {n: unwrap(getattr(layer, n)) for n in names if hasattr(layer, n)}
 
 
-def _scan_layers(stack: nnx.Module, body, carry, xs, unroll: bool = False):
+def _scan_layers(stack: nnx.Module, body, carry, xs, unroll: bool = False, remat: str = "none"):
     """``lax.scan`` of ``body(layer, carry, x)`` over the layers of ``stack``, whose parameters have a leading
     ``layers`` axis: one layer is traced and compiled, whatever the depth.
 
     ``unroll=True`` traces every layer instead. Each layer's weights are then constant slices, which XLA
-    hoists out of an enclosing decoding loop rather than slicing them again at every step.
+    hoists out of an enclosing decoding loop rather than slicing them again at every step. ``remat`` names a
+    :data:`~attn_jax.models.interface.REMAT_POLICIES` entry: each layer is then a ``jax.checkpoint``, its activations recomputed in the
+    backward pass instead of kept.
     """
     graphdef, state = nnx.split(stack)
 
     def step(carry, slices):
         state, x = slices
         return body(nnx.merge(graphdef, state), carry, x)
+
+    step = remat_layer(step, remat)
 
     return jax.lax.scan(step, carry, (state, xs), unroll=unroll)
 
@@ -893,7 +904,7 @@ class Transformer(nnx.Module):
 
         if keep is not None:
             keep = keep[1:].reshape(c.encoder_layers, 2, *keep.shape[1:])
-        x, per_layer = _scan_layers(self.encoder, layer, x, keep)
+        x, per_layer = _scan_layers(self.encoder, layer, x, keep, remat=c.remat)
         if self.encoder_norm is not None:
             x = _layer_norm(unwrap(self.encoder_norm), x, c.layer_norm_eps)
         memory = jnp.where(src_mask[..., None], x, 0.0).astype(dtype)  # zero at padding
@@ -944,7 +955,9 @@ class Transformer(nnx.Module):
 
         if keep is not None:
             keep = keep[1:].reshape(c.decoder_layers, 3, *keep.shape[1:])
-        y, per_layer = _scan_layers(self.decoder, layer, y, (jnp.moveaxis(enc.keys, 1, 0), keep))
+        y, per_layer = _scan_layers(
+            self.decoder, layer, y, (jnp.moveaxis(enc.keys, 1, 0), keep), remat=c.remat
+        )
         if self.decoder_norm is not None:
             y = _layer_norm(unwrap(self.decoder_norm), y, c.layer_norm_eps)
         return y, per_layer

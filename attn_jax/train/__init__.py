@@ -70,6 +70,7 @@ from attn_jax.train._loop import TrainingDiverged, TrainResult, WorkdirError, ev
 from attn_jax.train._loss import LossSums, loss_sums, sentence_losses, token_cross_entropy
 from attn_jax.train._metrics import MetricsLogger, ProgressLine, format_duration, read_metrics
 from attn_jax.train._optim import OptimizerConfig, ema_decay_at, make_optimizer, make_schedule
+from attn_jax.train._preempt import REQUEUE_STATUS, Preempted
 from attn_jax.train._sharded import (
     abstract_sharded_state,
     make_sharded_accumulation,
@@ -100,6 +101,8 @@ from attn_jax.train._tensorboard import EventWriter
 from attn_jax.train._validation import TranslationScores, TranslationValidator
 
 __all__ = [
+    "REQUEUE_STATUS",
+    "Preempted",
     "AverageError",
     "Averaged",
     "average_checkpoints",

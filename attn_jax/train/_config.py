@@ -152,6 +152,8 @@ def default_config(arch: str = "rnnsearch") -> ml_collections.ConfigDict:
     c.async_checkpoints = True
     # Write TensorBoard event files beside metrics.jsonl.
     c.tensorboard = True
+    # (a, b): write a jax.profiler trace of updates a+1..b to <workdir>/tensorboard; (0, 0): no trace.
+    c.profile_steps = (0, 0)
     # Label smoothing ε of the training loss; 0: plain cross-entropy.
     c.label_smoothing = 0.0
     # Weight λ of the coverage loss Σ_j min(α_tj, c_tj) (See et al. 2017); needs model.coverage.
@@ -616,6 +618,15 @@ def _check_training(config: ml_collections.ConfigDict) -> None:
         raise ConfigError(
             f"lambda_coverage={config.lambda_coverage} needs model.coverage=True (the coverage loss trains the "
             "coverage model; OpenNMT-py's lambda_coverage likewise needs coverage_attn)"
+        )
+    profile = tuple(config.profile_steps)
+    if profile != (0, 0) and not (
+        len(profile) == 2
+        and all(isinstance(x, int) and not isinstance(x, bool) for x in profile)
+        and 0 <= profile[0] < profile[1]
+    ):
+        raise ConfigError(
+            f"profile_steps must be two ints a < b (trace updates a+1..b) or 0,0, got {profile}"
         )
     start = config.get("coverage_start_step", 0)
     if not isinstance(start, int) or start < 0:

@@ -99,6 +99,7 @@ from attn_jax.train._inputs import (
 )
 from attn_jax.train._lock import lock_run
 from attn_jax.train._metrics import MetricsLogger, format_duration
+from attn_jax.train._preempt import Preempted, StopRequest, stop_requests
 from attn_jax.train._sharded import (
     abstract_sharded_state,
     make_sharded_accumulation,
@@ -704,8 +705,8 @@ def train_and_evaluate(
             _write_data_report(workdir, inputs)
         if place.description:
             logger.log(place.description)
-        with place.context():
-            return _train(config, config_dict, place, inputs, ckpt, logger, latest)
+        with place.context(), stop_requests() as request:
+            return _train(config, config_dict, place, inputs, ckpt, logger, latest, request)
     finally:
         ckpt.close()
         logger.close()
@@ -791,8 +792,9 @@ def _write_data_report(workdir: str, inputs) -> None:
         json.dump(report, f, indent=2, sort_keys=True)
 
 
-def _train(config, config_dict, place, inputs, ckpt, logger, latest) -> TrainResult:
-    """The loop of :func:`train_and_evaluate` from the initial (or restored) state on."""
+def _train(config, config_dict, place, inputs, ckpt, logger, latest, request: StopRequest) -> TrainResult:
+    """The loop of :func:`train_and_evaluate` from the initial (or restored) state on; a signal in
+    ``request`` saves the step it ends and raises :class:`Preempted`."""
     total, step_cfg = config.num_train_steps, place.step_cfg
     state = None
     if latest is None or isinstance(place, _OneDevice):  # the single-device path keeps today's exact steps
@@ -857,18 +859,24 @@ def _train(config, config_dict, place, inputs, ckpt, logger, latest) -> TrainRes
     overhead_s = (
         0.0  # seconds spent in validation and checkpoints so far, amortised over the steps in the ETA
     )
+    profiler = _Profiler(
+        config.profile_steps, os.path.join(os.path.dirname(ckpt.directory), "tensorboard"), logger
+    )
     while step < total:
         ckpt.poll()  # a failed background save (a full disk) stops the run now, not at the next save
         tic = time.monotonic()
         if config.debug.inject_nan_at_step == step + 1:
             state = state.replace(params=jax.tree.map(lambda p: p * jnp.nan, state.params))
-        if accumulate == 1:
-            state, metrics = place.train_step(state, place.batch(next(inputs.train)))
-        else:  # the iterator's position counts micro-batches, so resumption stays exact
-            micro = (place.batch(next(inputs.train)) for _ in range(accumulate))
-            state, metrics = place.accumulated_step(state, micro)
+        profiler.before(step)
+        with jax.profiler.StepTraceAnnotation("train", step_num=step + 1):
+            if accumulate == 1:
+                state, metrics = place.train_step(state, place.batch(next(inputs.train)))
+            else:  # the iterator's position counts micro-batches, so resumption stays exact
+                micro = (place.batch(next(inputs.train)) for _ in range(accumulate))
+                state, metrics = place.accumulated_step(state, micro)
         step += 1
         m = jax.device_get(metrics)
+        profiler.after(step, state)
         loss, grad_norm = _sum(m.loss, m.coverage), float(m.grad_norm)
         if not (math.isfinite(loss["loss"]) and math.isfinite(grad_norm)):
             raise _diverged(f"loss {loss['loss']}, gradient norm {grad_norm}", step, ckpt)
@@ -913,7 +921,8 @@ def _train(config, config_dict, place, inputs, ckpt, logger, latest) -> TrainRes
                 stopping, val[BEST_METRICS[best_metric][0]], step, min_delta=config.early_stopping.min_delta
             )
             stop = patience > 0 and stopping.bad >= patience and step < total
-        if step % config.checkpoint_every == 0 or step == total or stop:
+        preempted = request.due(step)  # every process asks at every step: one answer for all
+        if step % config.checkpoint_every == 0 or step == total or stop or preempted:
             if not place.all_finite(state.params):
                 raise _diverged("non-finite parameters", step, ckpt)
             metrics_for_best = None
@@ -925,9 +934,13 @@ def _train(config, config_dict, place, inputs, ckpt, logger, latest) -> TrainRes
             position["early_stopping"] = stopping.to_json()
             ckpt.save(step, state, position, config_dict, metrics=metrics_for_best)
         overhead_s += time.monotonic() - tic
+        if preempted:
+            ckpt.wait()  # committed before the exit: the scheduler's kill may follow at once
+            raise Preempted(request.signal_name or "a signal", step, ckpt.directory)
         if stop:
             logger.log(_stop_line(stopping, config, step))
             break
+    profiler.after(step, state, last=True)  # the run ended inside the range (early stopping)
     ckpt.wait()
     if not validating:  # nothing ranks the checkpoints: the latest stands for the best
         best, best_label = ckpt.latest_step(), "the latest, no validation"
@@ -951,6 +964,38 @@ def _train(config, config_dict, place, inputs, ckpt, logger, latest) -> TrainRes
         step < total,
         stopping if validating else None,
     )
+
+
+class _Profiler:
+    """A ``jax.profiler`` trace of updates ``a+1 .. b`` (``profile_steps=(a, b)``) into ``directory``, where
+    TensorBoard's profile plugin finds it; ``(0, 0)`` traces nothing."""
+
+    def __init__(self, steps, directory: str, logger):
+        self.start, self.stop = (int(x) for x in steps)
+        self.directory, self.logger, self.running = directory, logger, False
+
+    def before(self, step: int) -> None:
+        """Start the trace before update ``start + 1`` (or at once, on a resume inside the range)."""
+        if self.start < self.stop and self.start <= step < self.stop and not self.running:
+            jax.profiler.start_trace(self.directory)
+            self.running = True
+            if step > self.start:
+                self.logger.log(
+                    f"profile: resumed at step {step}, inside profile_steps=({self.start}, {self.stop}): "
+                    f"the trace starts at update {step + 1}"
+                )
+
+    def after(self, step: int, state, last: bool = False) -> None:
+        """Stop the trace once update ``stop`` (or, with ``last``, the run's last update) has finished."""
+        if self.running and (step >= self.stop or last):
+            jax.block_until_ready(state)
+            jax.profiler.stop_trace()
+            self.running = False
+            self.logger.log(
+                f"profile: trace of updates {self.start + 1}..{step} written to "
+                f"{os.path.join(self.directory, 'plugins', 'profile')} (profile_steps; view it with "
+                f"tensorboard --logdir {self.directory}, Profile tab)"
+            )
 
 
 def _validator(config, inputs, step_cfg, directory: str, logger) -> TranslationValidator:
