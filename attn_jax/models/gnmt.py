@@ -112,7 +112,7 @@ class GNMTConfig:
         ``jax.set_mesh`` with such an axis); each non-empty stack's depth must divide evenly into the stages.
       remat: what each layer of the uniform stacks keeps for the backward pass (``jax.checkpoint``):
         ``"none"``, ``"full"`` (only its input sequence), ``"dots_saveable"`` or
-        ``"dots_with_no_batch_dims_saveable"`` (see :data:`~attn_jax.models.interface.REMAT_POLICIES`); not
+        ``"dots_with_no_batch_dims_saveable"`` (see ``attn_jax.models.interface.REMAT_POLICIES``); not
         applied with ``pipeline_stages > 1``, where the pipeline schedules the layers.
       param_dtype: dtype the parameters are stored in.
       dtype: compute dtype of matmul operands and activations (``bfloat16`` for mixed precision; LSTM states,

@@ -567,7 +567,7 @@ def _scan_layers(stack: nnx.Module, body, carry, xs, unroll: bool = False, remat
 
     ``unroll=True`` traces every layer instead. Each layer's weights are then constant slices, which XLA
     hoists out of an enclosing decoding loop rather than slicing them again at every step. ``remat`` names a
-    :data:`~attn_jax.models.interface.REMAT_POLICIES` entry: each layer is then a ``jax.checkpoint``, its activations recomputed in the
+    ``attn_jax.models.interface.REMAT_POLICIES`` entry: each layer is then a ``jax.checkpoint``, its activations recomputed in the
     backward pass instead of kept.
     """
     graphdef, state = nnx.split(stack)
