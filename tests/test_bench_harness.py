@@ -59,7 +59,9 @@ def test_bench_keeps_its_command_line_and_every_row(monkeypatch):
     args = bench.parse_args(["--quick", "--rows", "2,3", "--device", "gpu", "--out", "/tmp/R.md"])
     assert (args.rows, args.quick, args.device, args.out) == ("2,3", True, "gpu", "/tmp/R.md")
     # A row that does not exist is refused before JAX is imported, naming the rows there are.
-    with pytest.raises(SystemExit, match=r"unknown rows \[11\]; choose from \[1, 2, 3, 4, 5, 6, 7, 8, 9, 10\]"):
+    with pytest.raises(
+        SystemExit, match=r"unknown rows \[11\]; choose from \[1, 2, 3, 4, 5, 6, 7, 8, 9, 10\]"
+    ):
         bench.main(["--rows", "1,11"])
 
 
