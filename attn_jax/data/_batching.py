@@ -43,8 +43,9 @@ import hashlib
 import json
 import os
 import sys
+import tempfile
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, NamedTuple
 
 import grain
@@ -143,6 +144,58 @@ def _lengths(offsets: np.ndarray) -> np.ndarray:
             values = np.fromfile(f, offsets.dtype, min(block, len(out) - start) + 1)
             np.subtract(values[1:], values[:-1], out=out[start : start + len(values) - 1])
     return out
+
+
+# Pairs whose lengths a batch plan reads at a time: bounds its memory whatever the corpus size.
+_BLOCK = 1 << 20
+
+
+def length_blocks(offsets: np.ndarray, block: int = _BLOCK) -> Iterator[tuple[int, np.ndarray]]:
+    """``(start, int64 lengths of pairs start, start + 1, ...)``: ``offsets``' differences, ``block`` pairs at
+    a time. A prepared corpus' memory map is read with ``pread``, so no block stays resident."""
+    n = len(offsets) - 1
+    for start in range(0, n, block):
+        values = _read(offsets, start, min(block, n - start) + 1).astype(np.int64)
+        yield start, np.diff(values)
+
+
+class _Spill:
+    """An int64 ``[n]`` array in an anonymous temporary file, read a slice at a time with ``pread``.
+
+    A batch plan over a prepared corpus keeps its index arrays here (bucket members, each epoch's order),
+    so that they grow the file, not the process, with the corpus. The file has no name: it disappears with
+    the process, and processes that share a directory never meet.
+    """
+
+    def __init__(self, directory: str) -> None:
+        try:
+            self._file = tempfile.TemporaryFile(dir=directory)
+        except OSError:  # a read-only prepared directory: the system's temporary directory holds it
+            self._file = tempfile.TemporaryFile()
+        self.n = 0
+
+    def append(self, values: np.ndarray) -> None:
+        for start in range(0, len(values), _BLOCK):  # converted a block at a time, never all at once
+            self._file.write(np.ascontiguousarray(values[start : start + _BLOCK], np.int64).tobytes())
+        self._file.flush()
+        self.n += len(values)
+
+    def __len__(self) -> int:
+        return self.n
+
+    def read(self, start: int, count: int) -> np.ndarray:
+        """``array[start:start + count]`` (read-only)."""
+        raw = os.pread(self._file.fileno(), count * 8, start * 8)
+        return np.frombuffer(raw, np.int64, count)
+
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        out = np.empty(self.n, dtype or np.int64)
+        for start in range(0, self.n, _BLOCK):
+            out[start : start + _BLOCK] = self.read(start, min(_BLOCK, self.n - start))
+        return out
+
+    def tolist(self) -> list[int]:
+        return self.read(0, self.n).tolist()
 
 
 def _flat(seqs: Sequence[list[int]]) -> tuple[np.ndarray, np.ndarray]:
@@ -267,7 +320,7 @@ class Bucket(NamedTuple):
 
     length: int
     batch_size: int
-    members: np.ndarray  # int64 [n], corpus indices
+    members: np.ndarray  # int64 [n], corpus indices (on disk for a prepared corpus: :class:`_Spill`)
 
 
 class BucketStats(NamedTuple):
@@ -296,6 +349,11 @@ class BucketStats(NamedTuple):
 class BatchPlan:
     """The global batch schedule of a corpus under a :class:`BatchConfig` (identical on every process).
 
+    With ``scratch`` (a directory: the prepared corpus') the index arrays (each bucket's members, each
+    epoch's shuffled order) live in anonymous files there, read a batch at a time, and the lengths are read
+    a block at a time: the process does not grow with the corpus. Without it they are in memory. The
+    schedule is the same either way.
+
     Attributes:
       buckets: the non-empty buckets, shortest first.
       batches_per_epoch: global batches in one epoch (the same every epoch).
@@ -303,28 +361,43 @@ class BatchPlan:
       num_filtered: pairs dropped by the length limits.
     """
 
-    def __init__(self, corpus: EncodedCorpus, config: BatchConfig) -> None:
+    def __init__(self, corpus: EncodedCorpus, config: BatchConfig, scratch: str | None = None) -> None:
         self.config = config
-        src_len, tgt_len = corpus.src_lengths, corpus.tgt_lengths
-        keep = config.keeps(src_len, tgt_len)
-        self.num_filtered = int((~keep).sum())
-        if not keep.any():
+        self._scratch = scratch
+        self._index_dtype = np.int32 if len(corpus) < 2**31 else np.int64
+        boundaries = list(config.bucket_boundaries)
+        # Bucket len(boundaries) holds the pairs longer than the last boundary (its length is known at the end).
+        parts: list[list[np.ndarray]] = [[] for _ in range(len(boundaries) + 1)]
+        spills = [_Spill(scratch) for _ in parts] if scratch is not None else None
+        self.num_filtered, longest = 0, 0
+        blocks = zip(length_blocks(corpus.src_offsets), length_blocks(corpus.tgt_offsets), strict=True)
+        for (start, src_len), (_, tgt_len) in blocks:
+            keep = config.keeps(src_len, tgt_len)
+            self.num_filtered += int((~keep).sum())
+            kept = np.flatnonzero(keep)
+            need = np.maximum(src_len[kept] + int(config.add_source_eos), tgt_len[kept] + 1)
+            longest = max(longest, int(need.max(initial=0)))
+            which = np.searchsorted(boundaries, need, side="left")
+            for k in np.unique(which):
+                members = start + kept[which == k]
+                if spills is not None:
+                    spills[k].append(members)
+                else:
+                    parts[k].append(members)
+        if self.num_filtered == len(corpus):
             raise CorpusError(
                 f"{corpus.name}: no pairs left after the length filter (max_source_length="
                 f"{config.max_source_length}, max_target_length={config.max_target_length}, "
                 f"{len(corpus)} pairs)"
             )
-        kept = np.flatnonzero(keep)
-        need = np.maximum(src_len[kept] + int(config.add_source_eos), tgt_len[kept] + 1)
-        boundaries = list(config.bucket_boundaries)
-        if need.max() > boundaries[-1]:
-            boundaries.append(_round_up(int(need.max()), 8))
-        which = np.searchsorted(boundaries, need, side="left")
+        if longest > boundaries[-1]:
+            boundaries.append(_round_up(longest, 8))
         self.buckets: list[Bucket] = []
         for k, length in enumerate(boundaries):
-            members = kept[which == k]
+            members = spills[k] if spills is not None else np.concatenate([*parts[k], np.zeros(0, np.int64)])
             if len(members):
                 self.buckets.append(Bucket(length, self._batch_size(length), members))
+        del parts
         # Batches per bucket per epoch: fixed, since shuffling only permutes within a bucket.
         self._counts = [
             len(b.members) // b.batch_size if config.drop_remainder else -(-len(b.members) // b.batch_size)
@@ -333,7 +406,7 @@ class BatchPlan:
         self.batches_per_epoch = sum(self._counts)
         if self.batches_per_epoch == 0:
             raise CorpusError(
-                f"{corpus.name}: no complete batch ({len(kept)} pairs, buckets "
+                f"{corpus.name}: no complete batch ({len(corpus) - self.num_filtered} pairs, buckets "
                 f"{[(b.length, len(b.members)) for b in self.buckets]}, batch sizes "
                 f"{[b.batch_size for b in self.buckets]}); lower the batch size or set drop_remainder=False"
             )
@@ -341,7 +414,7 @@ class BatchPlan:
             sys.maxsize if config.num_epochs is None else config.num_epochs * self.batches_per_epoch
         )
         self._lock = threading.Lock()
-        self._cache: dict[int, list[tuple[int, np.ndarray]]] = {}
+        self._cache: dict[int, _Epoch] = {}
 
     def _batch_size(self, length: int) -> int:
         """Rows of a batch of padded length ``length``; a token budget never gives more than it holds."""
@@ -391,6 +464,10 @@ class BatchPlan:
 
     def epoch(self, e: int) -> list[tuple[int, np.ndarray]]:
         """Epoch ``e``: ``(bucket index, corpus indices [batch size], -1 on padding rows)`` per batch."""
+        table = self._epoch(e)
+        return [self._batch(table, i) for i in range(len(table.bucket))]
+
+    def _epoch(self, e: int) -> _Epoch:
         with self._lock:
             if e not in self._cache:
                 if len(self._cache) > 2:
@@ -398,25 +475,55 @@ class BatchPlan:
                 self._cache[e] = self._make_epoch(e)
             return self._cache[e]
 
-    def _make_epoch(self, e: int) -> list[tuple[int, np.ndarray]]:
+    def _make_epoch(self, e: int) -> _Epoch:
         rng = np.random.default_rng((self.config.seed, e)) if self.config.shuffle else None
-        batches = []
-        for k, (bucket, count) in enumerate(zip(self.buckets, self._counts, strict=True)):
-            members = rng.permutation(bucket.members) if rng is not None else bucket.members
-            padded = np.full(count * bucket.batch_size, -1, np.int64)
-            n = min(len(members), len(padded))
-            padded[:n] = members[:n]
-            batches.extend((k, rows) for rows in padded.reshape(count, bucket.batch_size))
+        rows: list[np.ndarray | _Spill] = []
+        for bucket, count in zip(self.buckets, self._counts, strict=True):
+            # A copy, shuffled in place: the draws of rng.permutation(members), in half the memory when
+            # the indices fit int32 (the shuffle's draws depend on the length alone).
+            members = np.array(bucket.members, self._index_dtype)
+            if rng is not None:
+                rng.shuffle(members)
+            size = count * bucket.batch_size
+            n = min(len(members), size)
+            if self._scratch is not None:
+                out = _Spill(self._scratch)
+                out.append(members[:n])
+                out.append(np.full(size - n, -1, np.int64))
+            else:
+                out = np.full(size, -1, np.int64)
+                out[:n] = members[:n]
+            del members
+            rows.append(out)
+        bucket_of = np.repeat(np.arange(len(self.buckets), dtype=np.int32), self._counts)
+        index = np.concatenate([np.arange(c, dtype=np.int64) for c in self._counts])
         if rng is not None:
-            batches = [batches[i] for i in rng.permutation(len(batches))]
-        return batches
+            order = rng.permutation(len(bucket_of))
+            bucket_of, index = bucket_of[order], index[order]
+        return _Epoch(bucket_of, index, rows)
+
+    def _batch(self, table: _Epoch, i: int) -> tuple[int, np.ndarray]:
+        k = int(table.bucket[i])
+        size = self.buckets[k].batch_size
+        start, rows = int(table.index[i]) * size, table.rows[k]
+        if isinstance(rows, _Spill):
+            return k, rows.read(start, size)
+        return k, rows[start : start + size]
 
     def global_batch(self, k: int) -> tuple[int, np.ndarray]:
         """Global batch ``k`` of the run: ``(bucket index, corpus indices)``."""
         if not 0 <= k < self.num_batches:
             raise IndexError(f"global batch {k} out of range [0, {self.num_batches})")
         e, i = divmod(k, self.batches_per_epoch)
-        return self.epoch(e)[i]
+        return self._batch(self._epoch(e), i)
+
+
+class _Epoch(NamedTuple):
+    """One epoch's schedule, without one array object per batch."""
+
+    bucket: np.ndarray  # int32 [batches]: each batch's bucket, in the epoch's order
+    index: np.ndarray  # int64 [batches]: the batch's place in its bucket's rows
+    rows: list[np.ndarray | _Spill]  # per bucket: shuffled corpus indices [batches × batch size], -1: padding
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -655,6 +762,8 @@ class PackedPlan(BatchPlan):
         self.num_batches = (
             sys.maxsize if config.num_epochs is None else config.num_epochs * self.batches_per_epoch
         )
+        self._scratch = None  # the packing's rows are in memory: so are the rows' indices
+        self._index_dtype = np.int64
         self._lock = threading.Lock()
         self._cache = {}
 
@@ -787,6 +896,7 @@ def make_batch_iterator(
     with_gold: bool = False,
     prefetch: int = 2,
     pack: bool = False,
+    scratch: str | None = None,
 ) -> BatchIterator:
     """Batches of ``corpus`` under ``config``; process ``process_index`` of ``process_count`` gets its rows.
 
@@ -800,6 +910,8 @@ def make_batch_iterator(
         alignments, e.g. the built-in one).
       prefetch: batches assembled ahead in a background thread (0: none).
       pack: several pairs per row (:class:`PackedPlan`; batches carry segment ids and positions).
+      scratch: a directory for the schedule's index arrays (:class:`BatchPlan`), e.g. the prepared corpus';
+        None keeps them in memory. Packed plans keep them in memory.
 
     Returns:
       A :class:`BatchIterator`. Raises :class:`CorpusError` when filtering leaves nothing and ``ValueError``
@@ -818,7 +930,7 @@ def make_batch_iterator(
         raise ValueError(
             "packed batches carry no extended ids for copying (encode_corpus copy=True needs pack=False)"
         )
-    plan = PackedPlan(corpus, config) if pack else BatchPlan(corpus, config)
+    plan = PackedPlan(corpus, config) if pack else BatchPlan(corpus, config, scratch)
     bad = [b for b, _ in plan.shapes if b % process_count]
     if bad:
         raise ValueError(

@@ -34,7 +34,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from attn_jax.data._batching import EncodedCorpus, _lengths
+from attn_jax.data._batching import EncodedCorpus, length_blocks
 from attn_jax.data._corpus import CorpusError
 from attn_jax.data._vocab import Vocabulary, load_vocabularies, save_vocabularies
 
@@ -318,13 +318,14 @@ def _open_array(path: str, dtype: np.dtype, n: int) -> np.memmap:
 
 
 def _check_offsets(path: str, offsets: np.ndarray, tokens: int) -> None:
-    """Offsets start at 0, never decrease and end at the token count. Checked on the lengths, which a memory
-    map yields by reading its file in blocks, never through the map (:attr:`EncodedCorpus.src_lengths`)."""
+    """Offsets start at 0, never decrease and end at the token count. Checked on the lengths, a block at a
+    time read from the file, never through the map: opening a corpus does not grow the process with it."""
     if offsets[0] != 0 or offsets[-1] != tokens:
         raise _damaged(path, f"offsets run from {offsets[0]} to {offsets[-1]}, expected 0 to {tokens:,}")
-    bad = np.flatnonzero(_lengths(offsets) < 0)
-    if len(bad):
-        raise _damaged(path, f"offsets decrease at entry {int(bad[0]) + 1}")
+    for start, lengths in length_blocks(offsets):
+        bad = np.flatnonzero(lengths < 0)
+        if len(bad):
+            raise _damaged(path, f"offsets decrease at entry {start + int(bad[0]) + 1}")
 
 
 def open_prepared(directory: str | os.PathLike, *, reused: bool = True) -> PreparedCorpus:

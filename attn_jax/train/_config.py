@@ -244,6 +244,8 @@ def default_config(arch: str = "rnnsearch") -> ml_collections.ConfigDict:
             pack=False,
             # Train from token arrays prepared on disk: "" reads the text into memory; auto: <workdir>/prepared.
             prepared_dir="",
+            # Without prepared_dir: prepare a plain or tsv training file of more lines in <workdir>/prepared; 0: never.
+            prepare_above=200_000,
         )
     )
     c.checkpoint = ml_collections.ConfigDict()
@@ -677,7 +679,7 @@ def _check_data(config: ml_collections.ConfigDict) -> None:
         raise ConfigError(
             f"data.sentencepiece_type must be one of {', '.join(SENTENCEPIECE_TYPES)}; got {d.sentencepiece_type!r}"
         )
-    for key in ("max_train_examples", "max_eval_examples", "prefetch", "batch_tokens"):
+    for key in ("max_train_examples", "max_eval_examples", "prefetch", "batch_tokens", "prepare_above"):
         if d[key] < 0:
             raise ConfigError(f"data.{key} must be >= 0, got {d[key]}")
     _check_joint_vocab(config)

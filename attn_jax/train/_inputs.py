@@ -3,8 +3,9 @@
 In a multi-process run every process builds the same vocabularies and the same global batch schedule, and keeps
 its own block of rows of every global batch (``process_index`` of ``process_count`` blocks,
 :func:`attn_jax.data.make_batch_iterator`). In memory every process reads the whole corpus; with
-``data.prepared_dir`` the first process prepares the training split on disk (:func:`prepare_train_split`) and
-every process reads only its rows from it.
+``data.prepared_dir``, or a training file of more than ``data.prepare_above`` lines (:func:`choose_prepared_dir`),
+the first process prepares the training split on disk (:func:`prepare_train_split`) and every process reads only
+its rows from it.
 
 **Iterator state in checkpoints.** Every process's iterator is at the same global batch index (each update
 consumes one global batch on every process), so a checkpoint stores one state (:func:`data_state`): the index,
@@ -354,6 +355,63 @@ def resolve_prepared_dir(d: ml_collections.ConfigDict, workdir: str) -> str:
     return os.path.join(workdir, "prepared") if where == "auto" else os.path.expanduser(where)
 
 
+def count_lines(path: str) -> int:
+    """Lines of a file as the corpus readers split it (a last line without ``\\n`` counts), read in 16 MiB
+    blocks: counting a corpus never holds it."""
+    lines, last = 0, b"\n"
+    with open(path, "rb") as f:
+        while block := f.read(1 << 24):
+            lines += block.count(b"\n")
+            last = block[-1:]
+    return lines + (last != b"\n")
+
+
+def choose_prepared_dir(
+    config: ml_collections.ConfigDict, workdir: str, log: Callable[[str], None] | None = None
+) -> str:
+    """Where the trainer reads the training split from: "" (into memory) or a prepared directory.
+
+    ``data.prepared_dir`` decides when set (:func:`resolve_prepared_dir`). Otherwise a plain or TSV training
+    file of more than ``data.prepare_above`` lines (0: never) is prepared in ``<workdir>/prepared`` and
+    streamed from there, and ``log`` gets one line saying so. The lines are counted in one streaming pass.
+    A corpus that a prepared directory cannot hold (gold alignments, ``model.copy``) stays in memory, and
+    the line says why.
+    """
+    d = config.data
+    explicit = resolve_prepared_dir(d, workdir)
+    above = d.get("prepare_above", 0)  # a run saved before the key existed has none
+    if explicit or not above or d.corpus not in ("plain", "tsv"):
+        return explicit
+    split = resolve_corpus_split(d, d.train_split, choose="data.train_split")
+    path = data.split_path(d.source_path if d.corpus == "plain" else d.tsv_path, split)
+    if not os.path.isfile(path):
+        return ""  # the reader says what is wrong with it
+    n = count_lines(path)
+    if n <= above:
+        return ""
+    say = log or (lambda line: None)
+    what = f"data: the training file {path} has {n:,} lines, over data.prepare_above={above:,}"
+    held = [
+        key
+        for key, on in (
+            ("data.alignment_path", bool(d.get("alignment_path", ""))),
+            ("model.copy", bool(config.model.get("copy", False))),
+        )
+        if on
+    ]
+    if held:
+        say(
+            f"{what}, but it is read into memory: a prepared corpus keeps token ids only, and {held[0]} is set"
+        )
+        return ""
+    directory = os.path.join(workdir, "prepared")
+    say(
+        f"{what}: it is prepared on disk in {directory} and streamed from there (data.prepared_dir chooses "
+        "the directory; data.prepare_above=0 reads it into memory)"
+    )
+    return directory
+
+
 def prepare_train_split(
     config: ml_collections.ConfigDict,
     directory: str,
@@ -533,10 +591,11 @@ def make_inputs(
     multiple of ``data_axis`` (the mesh's data axis), and :attr:`Inputs.batch_stats` says what the batches hold.
     With ``data.joint_vocab`` one vocabulary is learnt over both sides and serves as both (saved twice).
 
-    With ``prepared_dir`` (:func:`resolve_prepared_dir`) the training split is read from a prepared directory
+    With ``prepared_dir`` (:func:`choose_prepared_dir`) the training split is read from a prepared directory
     of memory-mapped arrays (:func:`prepare_train_split`, built or rebuilt there first when out of date, unless
-    ``build_prepared`` is False; ``log`` gets the line saying which), not held in memory; the batches are the
-    same as in memory. The validation split is read into memory either way.
+    ``build_prepared`` is False; ``log`` gets the line saying which), not held in memory; the batch schedule's
+    index arrays live there too. The batches are the same as in memory. The validation split is read into
+    memory either way.
     """
     d = config.data
     train_split = resolve_corpus_split(d, d.train_split, choose="data.train_split")
@@ -587,7 +646,13 @@ def make_inputs(
     shard = dict(process_index=process_index, process_count=process_count)
     try:
         train_it = data.make_batch_iterator(
-            train_encoded, train_cfg, prefetch=d.prefetch, with_gold=guided, pack=d.pack, **shard
+            train_encoded,
+            train_cfg,
+            prefetch=d.prefetch,
+            with_gold=guided,
+            pack=d.pack,
+            scratch=prepared.directory if prepared is not None else None,
+            **shard,
         )
     except ValueError as e:
         if not train_cfg.tokens_per_batch:

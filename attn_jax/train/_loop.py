@@ -88,13 +88,13 @@ from attn_jax.train._config import (
 from attn_jax.train._diagnostics import summarize_attention
 from attn_jax.train._early_stopping import EarlyStopping, early_stopping_update
 from attn_jax.train._inputs import (
+    choose_prepared_dir,
     data_state,
     describe_batches,
     describe_copy,
     describe_packing,
     describe_split,
     make_inputs,
-    resolve_prepared_dir,
     restore_data_state,
 )
 from attn_jax.train._lock import lock_run
@@ -658,7 +658,7 @@ def train_and_evaluate(
         where = _tfds_location(config.data) if lead else None
         if where is not None:
             logger.log(where)
-        prepared_dir = resolve_prepared_dir(config.data, workdir)
+        prepared_dir = choose_prepared_dir(config, workdir, log=logger.log)
 
         def read_inputs():
             return make_inputs(
