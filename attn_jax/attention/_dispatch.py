@@ -1,13 +1,15 @@
 """Choosing and running an implementation of :func:`dot_product_attention` on checked operands.
 
-Three implementations compute the same function: ``"xla"`` (the plain path, ``_plain.py``), ``"chunked"``
-(FlashAttention-style blocks in pure JAX, ``_chunked.py``) and ``"cudnn"`` (``_cudnn.py``). The choice for
-``implementation=None`` depends only on shapes, dtypes, the device and which operands are given, never on
-values, so it is the same inside and outside ``jit``.
+Four implementations compute the same function: ``"xla"`` (the plain path, ``_plain.py``), ``"chunked"``
+(FlashAttention-style blocks in pure JAX, ``_chunked.py``), ``"cudnn"`` (``_cudnn.py``) and ``"pallas"`` (a
+Pallas kernel, ``_pallas.py``). The choices for ``implementation=None`` and ``"auto"`` depend only on shapes,
+dtypes, the device and which operands are given, never on values, so they are the same inside and outside
+``jit``.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Literal
 
 import jax
@@ -17,9 +19,14 @@ from attn_jax.attention._chunked import _chunked_attention
 from attn_jax.attention._cudnn import CUDNN_GQA, cudnn_attention, cudnn_unsupported, cudnn_window
 from attn_jax.attention._masks import lengths_mask
 from attn_jax.attention._padding import allowed_pairs, zero_dead_inputs
+from attn_jax.attention._pallas import pallas_attention, pallas_unsupported
 from attn_jax.attention._plain import is_static, plain_attention
 
-Implementation = Literal["xla", "chunked", "cudnn"]
+Implementation = Literal["xla", "chunked", "cudnn", "pallas"]
+IMPLEMENTATIONS: tuple[Implementation, ...] = ("xla", "chunked", "cudnn", "pallas")
+
+_LOG = logging.getLogger("attn_jax.attention")
+_AUTO_REPORTED: set[tuple[str, str]] = set()  # each (choice, reason) of "auto" is logged once per process
 
 # One head's logits at which None picks "chunked": 64 MiB of float32 logits per head, of which the plain backward
 # holds 2-4 copies. Below it XLA's fused matmul-softmax beats a loop over small blocks.
@@ -81,6 +88,18 @@ def choose_implementation(
         return "xla", "return_weights=True needs the weights, which only 'xla' forms"
     if normalizer != "softmax":
         return "xla", f"normalizer={normalizer!r} thresholds the weights, which only 'xla' forms"
+    reason = _why_not_cudnn(
+        query, key, value, mask, bias, logits_shape, causal=causal, window=window, grouped=grouped
+    )
+    if reason is None:
+        return "cudnn", None
+    if is_static(scale) and logits_shape[-2] * logits_shape[-1] >= _chunked_min_logits():
+        return "chunked", reason
+    return "xla", reason
+
+
+def _why_not_cudnn(query, key, value, mask, bias, logits_shape, *, causal, window, grouped) -> str | None:
+    """Why ``implementation=None`` does not pick cuDNN for these operands, or None when it does."""
     reason = CUDNN_GQA if grouped else cudnn_unsupported(query, key, value, bias, logits_shape)
     if reason is None and mask is not None:
         reason = (
@@ -94,11 +113,80 @@ def choose_implementation(
             f"cuDNN's sliding window has no right side, and local_window={window} reaches right of non-causal "
             "queries: it would reach cuDNN as a dense [..., T, S] bias; implementation='cudnn' runs it anyway"
         )
-    if reason is None:
-        return "cudnn", None
-    if is_static(scale) and logits_shape[-2] * logits_shape[-1] >= _chunked_min_logits():
-        return "chunked", reason
-    return "xla", reason
+    return reason
+
+
+def choose_auto(
+    query,
+    key,
+    value,
+    mask,
+    bias,
+    logits_shape,
+    *,
+    scale,
+    return_weights,
+    causal=False,
+    window=None,
+    grouped=False,
+    normalizer="softmax",
+) -> tuple[Implementation, str]:
+    """The ``implementation="auto"`` rule: ``(choice, why)``, by device first.
+
+    On a GPU, ``"cudnn"`` where ``implementation=None`` would pick it, else ``"pallas"``. On a TPU,
+    ``"pallas"``. On the CPU, ``"chunked"``. Where the choice does not apply (a mask or a bias for
+    ``"pallas"``, a traced ``scale``), the next of ``"chunked"`` and ``"xla"`` that does. ``"xla"`` whenever
+    the weights are returned or sparse. The reason is one line and always given.
+    """
+    if return_weights or normalizer != "softmax":
+        return choose_implementation(
+            query,
+            key,
+            value,
+            mask,
+            bias,
+            logits_shape,
+            scale=scale,
+            return_weights=return_weights,
+            normalizer=normalizer,
+        )
+    backend = _backend()
+    device = {"gpu": "a GPU", "tpu": "a TPU", "cpu": "the CPU"}.get(backend, f"the {backend!r} backend")
+    if backend == "gpu":
+        cudnn = _why_not_cudnn(
+            query, key, value, mask, bias, logits_shape, causal=causal, window=window, grouped=grouped
+        )
+        if cudnn is None:
+            return "cudnn", "on a CUDA GPU 'auto' runs cuDNN flash attention"
+        not_pallas = pallas_unsupported(mask, bias, scale)
+        if not_pallas is None:
+            return "pallas", f"on a GPU 'auto' runs the Pallas kernel where cuDNN does not apply: {cudnn}"
+    elif backend == "tpu":
+        not_pallas = pallas_unsupported(mask, bias, scale)
+        if not_pallas is None:
+            return "pallas", "on a TPU 'auto' runs the Pallas kernel"
+    else:
+        not_pallas = None
+    if is_static(scale):
+        if not_pallas is None:
+            return "chunked", f"on {device} 'auto' runs 'chunked', FlashAttention blocks in pure JAX"
+        return (
+            "chunked",
+            f"on {device} 'auto' runs 'chunked': the Pallas kernel does not apply, as {not_pallas}",
+        )
+    return "xla", f"on {device} 'auto' runs 'xla': 'chunked' and 'pallas' need a static scale"
+
+
+def _backend() -> str:
+    """JAX's default backend: ``"cpu"``, ``"gpu"`` or ``"tpu"`` (one place for the tests to fake it)."""
+    return jax.default_backend()
+
+
+def report_auto(choice: str, reason: str) -> None:
+    """Log ``implementation="auto"``'s choice on ``attn_jax.attention`` at INFO, once per distinct line."""
+    if (choice, reason) not in _AUTO_REPORTED:
+        _AUTO_REPORTED.add((choice, reason))
+        _LOG.info("dot_product_attention: %s", reason)
 
 
 def run_implementation(
@@ -120,8 +208,8 @@ def run_implementation(
 ):
     """Run ``implementation`` on checked operands: padding as a mask, unread rows zeroed, then the kernel.
 
-    Every path but cuDNN reads the lengths as the pairs they allow, a ``[..., T|1, S|1]`` mask; cuDNN takes
-    the lengths themselves. The rows no pair reads may hold anything, NaN included, so they are zeroed before
+    Every path but cuDNN and Pallas reads the lengths as the pairs they allow, a ``[..., T|1, S|1]`` mask;
+    cuDNN and Pallas take the lengths themselves. The rows no pair reads may hold anything, NaN included, so they are zeroed before
     any product, on every path.
     """
     user_mask = mask
@@ -143,6 +231,10 @@ def run_implementation(
             scale=scale,
             window=window,
             query_chunk=query_chunk(logits_shape[-2], causal, window),
+        )
+    if implementation == "pallas":
+        return pallas_attention(
+            query, key, value, logits_shape, lengths=lengths, scale=scale, causal=causal, window=window
         )
     if implementation == "cudnn":
         return cudnn_attention(

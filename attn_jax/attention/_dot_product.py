@@ -5,13 +5,13 @@ and Flax use ``[B, T, H, K]``; transpose when comparing.) Numerics follow ``_sof
 masked softmax over the source axis, context accumulated in float32 and returned in the value's dtype.
 
 This module checks the inputs once and hands them on. ``_dispatch.py`` chooses and runs an implementation
-(``_plain.py``, ``_chunked.py``, ``_cudnn.py``); ``_gqa.py`` views grouped-query operands so that every
+(``_plain.py``, ``_chunked.py``, ``_cudnn.py``, ``_pallas.py``); ``_gqa.py`` views grouped-query operands so that every
 implementation runs them unchanged.
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Literal, NamedTuple
 
 import jax.numpy as jnp
 import numpy as np
@@ -19,10 +19,18 @@ import numpy as np
 from attn_jax.attention._checks import shape_str
 from attn_jax.attention._chunked import _check_inputs
 from attn_jax.attention._cudnn import CUDNN_GQA, cudnn_unsupported
-from attn_jax.attention._dispatch import Implementation, choose_implementation, run_implementation
+from attn_jax.attention._dispatch import (
+    IMPLEMENTATIONS,
+    Implementation,
+    choose_auto,
+    choose_implementation,
+    report_auto,
+    run_implementation,
+)
 from attn_jax.attention._gqa import check_kv_heads, group_operands, grouped_logits_shape, merge_groups
 from attn_jax.attention._masks import sliding_window
 from attn_jax.attention._normalizers import check_normalizer
+from attn_jax.attention._pallas import pallas_unsupported
 from attn_jax.attention._plain import dot_product_scores
 from attn_jax.typing import Array, ArrayLike, Bool, Float, Int
 
@@ -66,11 +74,18 @@ def _check_lengths(query_lengths, key_lengths, logits_shape) -> None:
 
 def _check_sparse_implementation(normalizer, implementation) -> None:
     """Raise unless ``implementation`` can normalise with ``normalizer`` (only ``"xla"`` forms sparse weights)."""
-    if normalizer != "softmax" and implementation in ("chunked", "cudnn"):
+    if normalizer != "softmax" and implementation in ("chunked", "cudnn", "pallas"):
         raise ValueError(
             f"normalizer={normalizer!r} needs implementation='xla' (or None): {implementation!r} computes a "
             "streaming softmax and never forms the weights that sparsemax/entmax15 threshold"
         )
+
+
+def _check_implementation(implementation) -> None:
+    """Raise unless ``implementation`` names one, or is ``"auto"`` or None."""
+    if implementation is not None and implementation != "auto" and implementation not in IMPLEMENTATIONS:
+        names = ", ".join(repr(name) for name in IMPLEMENTATIONS)
+        raise ValueError(f"implementation must be {names}, 'auto' or None, got {implementation!r}")
 
 
 def _check_call(
@@ -91,6 +106,7 @@ def _check_call(
         if repeats > 1:  # one query head per key/value head is plain multi-head attention, the same program
             if implementation == "cudnn":
                 raise ValueError(f"implementation='cudnn' does not apply: {CUDNN_GQA}")
+            _check_implementation(implementation)
             query, key, value, mask, bias, lengths = group_operands(
                 query, key, value, mask, bias, lengths, num_kv_heads, repeats
             )
@@ -99,8 +115,7 @@ def _check_call(
     if num_kv_heads is None:
         _check_lengths(*lengths, logits_shape)
     window = sliding_window(local_window)
-    if implementation not in (None, "xla", "chunked", "cudnn"):
-        raise ValueError(f"implementation must be 'xla', 'chunked', 'cudnn' or None, got {implementation!r}")
+    _check_implementation(implementation)
     _check_sparse_implementation(normalizer, implementation)
     return _Checked(query, key, value, mask, bias, tuple(lengths), logits_shape, window, grouped)
 
@@ -115,7 +130,7 @@ def dot_product_attention(
     scale: float | None = None,
     return_weights: bool = False,
     causal: bool = False,
-    implementation: Implementation | None = None,
+    implementation: Implementation | Literal["auto"] | None = None,
     query_lengths: Int[ArrayLike, "..."] | None = None,
     key_lengths: Int[ArrayLike, "..."] | None = None,
     local_window: int | tuple[int, int] | None = None,
@@ -143,8 +158,9 @@ def dot_product_attention(
       scale: logit multiplier; ``None`` means ``1/√K``.
       return_weights: also return the float32 weights (``"xla"`` only).
       causal: also mask key ``j > i`` for query ``i``, top-left aligned like ``jax.nn``'s ``is_causal``.
-      implementation: ``"xla"``, ``"chunked"``, ``"cudnn"``, or ``None`` for the choice that
-        :func:`dot_product_implementation` reports.
+      implementation: ``"xla"``, ``"chunked"``, ``"cudnn"``, ``"pallas"``; ``"auto"`` for the choice by
+        device (cuDNN on a GPU, Pallas on a TPU, chunked on the CPU); ``None`` for the choice by shape.
+        :func:`dot_product_implementation` reports either choice and why.
       query_lengths: integers shaped like a mask's batch axes (``[B, 1]`` for ``[B, H, T, K]`` queries):
         query ``i`` is real iff ``i < query_lengths``. ``None``: every query is real.
       key_lengths: the same for keys: key ``j`` may be attended iff ``j < key_lengths``.
@@ -189,6 +205,9 @@ def dot_product_attention(
     )
     if implementation is None:
         implementation, _ = _choose(call, scale, return_weights, causal, normalizer)
+    elif implementation == "auto":
+        implementation, why = _choose(call, scale, return_weights, causal, normalizer, auto=True)
+        report_auto(implementation, why)
     if implementation != "xla" and return_weights:
         raise ValueError(
             f"return_weights=True needs implementation='xla'; {implementation!r} never forms the weights"
@@ -197,6 +216,10 @@ def dot_product_attention(
         reason = cudnn_unsupported(call.query, call.key, call.value, call.bias, call.logits_shape)
         if reason is not None:
             raise ValueError(f"implementation='cudnn' does not apply: {reason}")
+    if implementation == "pallas":
+        reason = pallas_unsupported(call.mask, call.bias, scale)
+        if reason is not None:
+            raise ValueError(f"implementation='pallas' does not apply: {reason}")
     out = run_implementation(
         implementation,
         call.query,
@@ -218,9 +241,11 @@ def dot_product_attention(
     return (merge_groups(out[0]), merge_groups(out[1])) if return_weights else merge_groups(out)
 
 
-def _choose(call: _Checked, scale, return_weights, causal, normalizer) -> tuple[Implementation, str | None]:
-    """:func:`choose_implementation` for checked operands."""
-    return choose_implementation(
+def _choose(
+    call: _Checked, scale, return_weights, causal, normalizer, auto=False
+) -> tuple[Implementation, str | None]:
+    """:func:`choose_implementation` (or, with ``auto``, :func:`choose_auto`) for checked operands."""
+    return (choose_auto if auto else choose_implementation)(
         call.query,
         call.key,
         call.value,
@@ -251,6 +276,7 @@ def dot_product_implementation(
     local_window: int | tuple[int, int] | None = None,
     num_kv_heads: int | None = None,
     normalizer: str = "softmax",
+    implementation: Literal["auto"] | None = None,
 ) -> tuple[Implementation, str | None]:
     r"""Which implementation :func:`dot_product_attention` picks for these operands, and why not cuDNN.
 
@@ -262,21 +288,34 @@ def dot_product_implementation(
     sparsifies them. ``"chunked"`` (:func:`chunked_dot_product_attention`) runs FlashAttention-style blocks
     in ``O((T + S)·K)`` memory per head; it needs a static ``scale`` and gives first-order reverse-mode
     derivatives only. ``"cudnn"`` is cuDNN flash attention on a CUDA GPU, for bfloat16/float16 with
-    ``Kv == K``. ``None`` picks ``"cudnn"`` where it applies with no mask and no bias (lengths are fine),
-    else ``"chunked"`` from ``4096²`` logits per head (``512²`` on the CPU), else ``"xla"``.
+    ``Kv == K``. ``"pallas"`` is a Pallas FlashAttention kernel (Triton on a GPU, Mosaic on a TPU,
+    interpreted on the CPU); it takes padding as lengths, causal and a window, but no mask or bias.
+    ``None`` picks ``"cudnn"`` where it applies with no mask and no bias (lengths are fine), else
+    ``"chunked"`` from ``4096²`` logits per head (``512²`` on the CPU), else ``"xla"``; it never picks
+    ``"pallas"``. ``"auto"`` picks by device: ``"cudnn"`` on a GPU where ``None`` would, else ``"pallas"``;
+    ``"pallas"`` on a TPU; ``"chunked"`` on the CPU; then ``"chunked"`` or ``"xla"`` where those do not apply.
+    ``dot_product_attention(implementation="auto")`` also logs its choice and reason once, at INFO on the
+    ``attn_jax.attention`` logger.
 
     Args:
       query, key, value, mask, bias, scale, return_weights, query_lengths, key_lengths, causal,
         local_window, num_kv_heads, normalizer: as for :func:`dot_product_attention` (checked the same way).
+      implementation: ``None`` for the rule of ``implementation=None``, ``"auto"`` for the rule of
+        ``implementation="auto"``.
 
     Returns:
-      ``(implementation, reason)``: ``"xla"``, ``"chunked"`` or ``"cudnn"``, and one line saying why cuDNN
-      was not chosen (``None`` when it was).
+      ``(implementation, reason)``: ``"xla"``, ``"chunked"``, ``"cudnn"`` or ``"pallas"``, and one line.
+      For ``None`` the line says why cuDNN was not chosen (``None`` when it was); for ``"auto"`` it says why
+      this choice, and is always given.
 
     >>> q = jnp.ones((2, 8, 8), jnp.bfloat16)
     >>> dot_product_implementation(q, q, q)[1].startswith("it needs a CUDA GPU")  # on a CPU
     True
+    >>> dot_product_implementation(q, q, q, implementation="auto")  # on a CPU
+    ('chunked', "on the CPU 'auto' runs 'chunked', FlashAttention blocks in pure JAX")
     """
+    if implementation not in (None, "auto"):
+        raise ValueError(f"implementation must be 'auto' or None, got {implementation!r}")
     call = _check_call(
         query,
         key,
@@ -289,4 +328,4 @@ def dot_product_implementation(
         normalizer=normalizer,
         implementation=None,
     )
-    return _choose(call, scale, return_weights, causal, normalizer)
+    return _choose(call, scale, return_weights, causal, normalizer, auto=implementation == "auto")
