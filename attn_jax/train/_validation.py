@@ -6,6 +6,10 @@ as ``attn-jax evaluate`` does (:func:`attn_jax.decoding.search_batches`), and sc
 functions ``evaluate`` scores with: :func:`attn_jax.eval.corpus_bleu` (``evaluate``'s overall BLEU) and
 :func:`attn_jax.eval.corpus_chrf`, with the same tokeniser and detokeniser settings. The sentences and their
 padded shapes are the same at every validation, so the search compiles once per batch shape, at the first.
+
+In a multi-process run each process translates its share of the sentences (every ``process_count``-th one),
+and the token ids are gathered across processes. Every process then scores all of them, so the scores are
+those of one process translating the whole split.
 """
 
 from __future__ import annotations
@@ -49,6 +53,8 @@ class TranslationValidator:
       sources, references: the validation pairs as text.
       src_vocab, tgt_vocab: the run's vocabularies.
       model: the run's model config (:class:`attn_jax.models.ModelConfig`).
+      shard: ``(process index, process count)``: this process translates sentences ``index, index + count,
+        ...``. None: ``jax.process_index()`` and ``jax.process_count()``.
     """
 
     def __init__(
@@ -59,6 +65,7 @@ class TranslationValidator:
         src_vocab,
         tgt_vocab,
         model,
+        shard: tuple[int, int] | None = None,
     ):
         from attn_jax import eval as ev
 
@@ -69,6 +76,12 @@ class TranslationValidator:
         self.src_vocab, self.tgt_vocab = src_vocab, tgt_vocab
         self.encoded = [src_vocab.encode(s) for s in self.sources]
         self.todo = [i for i, ids in enumerate(self.encoded) if ids]  # an empty source translates to ""
+        if shard is None:
+            import jax
+
+            shard = (jax.process_index(), jax.process_count())
+        self.shard = shard
+        self.mine = self.todo[shard[0] :: shard[1]]  # strided: every share gets short and long sentences
         self.copies = bool(getattr(model, "copy", False))
         self.extended = None
         if self.copies:
@@ -101,19 +114,26 @@ class TranslationValidator:
         detok = "" if v.detokenize == "none" else f", detokenised ({v.detokenize}-{v.detokenize_lang})"
         return (
             f"validation: translating the {len(self.sources):,} validation pairs at every validation ({search}, "
-            f"batches of {self.batch_size}, length limit {self.limit.describe()}); BLEU (tok:"
+            f"batches of {self.batch_size}, length limit {self.limit.describe()}"
+            + (f", each of {self.shard[1]} processes a share" if self.shard[1] > 1 else "")
+            + f"); BLEU (tok:"
             f"{self.bleu_kw['tokenize']}{detok}) and chrF by sacreBLEU, as attn-jax evaluate scores them"
         )
 
     def translate(self, params) -> tuple[list[str], int, int]:
-        """``(hypotheses, sentences decoded, of those stopped at the length limit)`` with ``params``."""
+        """``(hypotheses, sentences decoded, of those stopped at the length limit)`` with ``params``, over every
+        process's share."""
+        return self.merge(self.gather(self.decode_share(params)))
+
+    def decode_share(self, params) -> np.ndarray:
+        """This process's share, translated: int32 ``[sentences, 3 + longest]``, a row per sentence holding its
+        index, 1 if it stopped at the length limit, its length ``n`` and its ``n`` ids (then zeros)."""
         v, tv = self.settings, self.tgt_vocab
         model = build_module(self.model_config, params)
-        hypotheses = [""] * len(self.sources)
-        stopped = 0
+        rows = []
         batches = search_batches(
             model,
-            [self.encoded[i] for i in self.todo],
+            [self.encoded[i] for i in self.mine],
             limit=self.limit,
             beam_size=v.beam_size,
             alpha=v.alpha if v.beam_size > 1 else 0.0,
@@ -124,16 +144,43 @@ class TranslationValidator:
             bos_id=tv.bos_id,
             eos_id=tv.eos_id,
             pad_id=tv.pad_id,
-            sources_ext=None if self.extended is None else [self.extended[i][0] for i in self.todo],
+            sources_ext=None if self.extended is None else [self.extended[i][0] for i in self.mine],
         )
         for members, _, out in batches:
             for r, c in enumerate(members):
-                i = self.todo[c]
                 length = int(out.lengths[r, 0])
-                ids = [int(t) for t in out.tokens[r, 0, : max(length - 1, 0)]]
-                hypotheses[i] = self._text(i, ids)
-                stopped += bool(out.truncated[r, 0])
-        return hypotheses, len(self.todo), stopped
+                rows.append((self.mine[c], bool(out.truncated[r, 0]), out.tokens[r, 0, : max(length - 1, 0)]))
+        table = np.zeros((len(rows), 3 + max((len(ids) for *_, ids in rows), default=0)), np.int32)
+        for k, (i, stopped, ids) in enumerate(rows):
+            table[k, :3] = i, stopped, len(ids)
+            table[k, 3 : 3 + len(ids)] = ids
+        return table
+
+    def gather(self, table: np.ndarray) -> list[np.ndarray]:
+        """Every process's :meth:`decode_share` table (this one's alone in a single process)."""
+        if self.shard[1] == 1:
+            return [table]
+        from jax.experimental import multihost_utils
+
+        # One shape for all: rows to the largest share, columns to the longest translation; row index -1 pads.
+        shapes = np.asarray(multihost_utils.process_allgather(np.asarray(table.shape, np.int32)))
+        padded = np.zeros(tuple(shapes.max(axis=0)), np.int32)
+        padded[:, 0] = -1
+        padded[: table.shape[0], : table.shape[1]] = table
+        tables = np.asarray(multihost_utils.process_allgather(padded))
+        return [t[t[:, 0] >= 0] for t in tables]
+
+    def merge(self, tables: Sequence[np.ndarray]) -> tuple[list[str], int, int]:
+        """``(hypotheses, sentences decoded, of those stopped at the length limit)`` from every share's table."""
+        hypotheses = [""] * len(self.sources)
+        decoded = stopped = 0
+        for table in tables:
+            for row in table:
+                i, limited, n = (int(x) for x in row[:3])
+                hypotheses[i] = self._text(i, [int(t) for t in row[3 : 3 + n]])
+                decoded += 1
+                stopped += limited
+        return hypotheses, decoded, stopped
 
     def _text(self, i: int, ids: list[int]) -> str:
         """A hypothesis' text, as ``attn-jax translate`` writes it (copied words spelt out)."""
