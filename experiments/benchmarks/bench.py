@@ -17,7 +17,8 @@ Rows, one module each in ``rows/`` (README.md says what each measures, why, and 
    2 threads;
 6. compilations during a bucketed training run (must equal the number of batch shapes, not grow with steps);
 7. Transformer training tokens/s with and without packed sequences (not in the default ``--rows``);
-8. peak RSS and start-up of ``attn-jax train`` as a prepared corpus grows (not in the default ``--rows``);
+8. peak RSS and start-up of ``attn-jax train`` as a plain corpus grows, with no data flag (not in the default
+   ``--rows``);
 9. ``attn-jax serve`` sentences/s and latency under 1, 8 and 32 concurrent HTTP clients vs ``attn-jax translate``
    (not in the default ``--rows``);
 10. an imported Marian model of OPUS-MT's shape: attn_jax beam search vs CTranslate2 (float32, int8) and

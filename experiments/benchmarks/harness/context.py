@@ -72,9 +72,11 @@ class Sizes:
     # row 6
     bucket_boundaries: tuple[int, ...]
     compile_steps: int
-    # row 8: generated plain-text corpora (pairs) trained from prepared data; in memory too up to the second
+    # row 8: generated plain-text corpora (pairs) trained with no data flag; in memory too up to the second
     corpus_sizes: tuple[int, ...] = (10**5, 10**6, 5 * 10**6)
     corpus_in_memory_up_to: int = 10**6
+    # row 8: data.prepare_above for its runs; None: no flag, the default decides
+    corpus_prepare_above: int | None = None
     # row 9: sentences (one a request) sent at each number of concurrent clients, and the time bound of a level
     serve_requests: int = 1000
     serve_concurrency: tuple[int, ...] = (1, 8, 32)
@@ -148,7 +150,8 @@ QUICK = Sizes(
     bucket_boundaries=(8, 16),
     compile_steps=6,
     corpus_sizes=(1000, 4000),
-    corpus_in_memory_up_to=1000,
+    corpus_in_memory_up_to=4000,
+    corpus_prepare_above=2000,
     serve_requests=128,
     serve_time_s=60.0,
 )
