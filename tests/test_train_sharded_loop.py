@@ -34,6 +34,7 @@ SMOKE = f"{CONFIGS / 'rnnsearch_cpu.py'}:smoke"
 COMMON = ["eval_every=3", "checkpoint_every=3", "log_every=1", "tensorboard=false"]
 DATA4 = ["parallel.strategy=data", "parallel.data=4"]
 DATA2_MODEL2 = ["parallel.strategy=data+tensor", "parallel.data=2", "parallel.model=2"]
+FSDP4, FSDP2 = (["parallel.strategy=fsdp", f"parallel.data={n}"] for n in (4, 2))
 
 # The sharded step sums per-device partial sums (then all-reduces them) where one device sums the whole batch:
 # the same numbers in another order, ~1e-7 relative per reduction. Adam (eps=1e-8) divides each gradient entry
@@ -137,9 +138,42 @@ def test_checkpoint_resumes_on_another_mesh(runs):
     assert json.loads((tmp / "data4" / "config.json").read_text())["parallel"]["model"] == 2
 
 
+@pytest.fixture(scope="module")
+def fsdp_runs(runs):
+    """A fully sharded run on 4 devices to update 3, resumed on 2 devices (still fully sharded) to update 6."""
+    tmp = runs["tmp"]
+    first, log = _run(tmp, "fsdp4", ["num_train_steps=3", *FSDP4])
+    step3 = load_checkpoint(tmp / "fsdp4", step=3)
+    resumed, _ = _run(tmp, "fsdp4", ["num_train_steps=6", *FSDP2], resume=True, workdir=tmp / "fsdp4")
+    return dict(first=first, log=log, step3=step3, resumed=resumed)
+
+
+@pytest.mark.slow
+@pytest.mark.heavy
+def test_fully_sharded_run_equals_the_single_device_run_and_resumes_on_fewer_devices(runs, fsdp_runs):
+    tmp, none = runs["tmp"], runs["none"]
+    want = load_checkpoint(tmp / "none", step=3)
+    _close(fsdp_runs["step3"].state["params"], want.state["params"])
+    _close(fsdp_runs["step3"].state["opt_state"], want.state["opt_state"])
+    resumed = fsdp_runs["resumed"]
+    assert resumed.step == 6
+    _close(resumed.state.params, none.state.params)
+    _close(resumed.state.opt_state, none.state.opt_state)
+    got_losses, want_losses = _train_losses(tmp / "fsdp4"), _train_losses(tmp / "none")
+    for step in range(1, 7):
+        np.testing.assert_allclose(got_losses[step], want_losses[step], rtol=1e-5)
+    # The parameters and Adam's moments are split over data on either mesh; the log says how much.
+    embedding = fsdp_runs["first"].state.params["tgt_embed"]["embedding"]
+    assert len(embedding.sharding.device_set) == 4 and "data" in embedding.sharding.spec
+    w_q = resumed.state.params["attention"]["params"]["w_q"]
+    assert len(w_q.sharding.device_set) == 2 and "data" in w_q.sharding.spec
+    assert "sharding: " in fsdp_runs["log"] and "parameter arrays split over the mesh" in fsdp_runs["log"]
+
+
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
+        (["parallel.strategy=fsdp+data"], "parallel.strategy='fsdp\\+data': fsdp already splits the batch"),
         (["parallel.strategy=model"], "parallel.strategy must be none or one of data, tensor"),
         (["parallel.strategy=data", "parallel.model=2"], "parallel.model=2 but parallel.strategy='data'"),
         (["parallel.data=2"], "parallel.data=2 but parallel.strategy='none'"),

@@ -20,6 +20,9 @@ float32 ``[B, S]`` (``[B, T, S]`` from the teacher-forced call), or ``None`` for
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple, Protocol, TypeVar
 
 import jax
@@ -181,6 +184,31 @@ def check_remat(where: str, remat: str) -> None:
     """Raise a one-line ``ValueError`` unless ``remat`` names a :data:`REMAT_POLICIES` entry."""
     if remat not in REMAT_POLICIES:
         raise ValueError(f"{where}: remat must be one of {', '.join(REMAT_POLICIES)}; got {remat!r}")
+
+
+_LAYER_PARAMS: contextvars.ContextVar[Callable | None] = contextvars.ContextVar("layer_params", default=None)
+
+
+@contextlib.contextmanager
+def layer_params_hook(fn: Callable) -> Iterator[None]:
+    """Trace the models with ``fn`` applied to each layer's parameters inside their scans over layers.
+
+    ``fn`` takes and returns one layer's slice of the stacked parameters, an ``nnx.State`` of ``nnx.Param``s (or a
+    whole stack, where a model projects every layer at once). The trainer's fully sharded strategy passes a
+    function that gathers it (``jax.lax.with_sharding_constraint``): each layer's weights are then whole only
+    while it runs. Models stay free of mesh code; outside this context the scans take their slices as they are.
+    """
+    token = _LAYER_PARAMS.set(fn)
+    try:
+        yield
+    finally:
+        _LAYER_PARAMS.reset(token)
+
+
+def layer_params(params):
+    """``params`` (one layer's slice, inside a scan over layers) through the ambient :func:`layer_params_hook`."""
+    fn = _LAYER_PARAMS.get()
+    return params if fn is None else fn(params)
 
 
 def remat_layer(fn, remat: str):

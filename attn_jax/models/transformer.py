@@ -92,7 +92,14 @@ from attn_jax.attention._relative import (
     relative_attention,
     relative_position_index,
 )
-from attn_jax.models.interface import EncoderOutput, check_remat, check_source, check_tokens, remat_layer
+from attn_jax.models.interface import (
+    EncoderOutput,
+    check_remat,
+    check_source,
+    check_tokens,
+    layer_params,
+    remat_layer,
+)
 from attn_jax.models.presets import canonicalize_dtypes
 from attn_jax.nn._params import partitioned, unwrap, wrap
 from attn_jax.typing import Array, Bool, Float, Int
@@ -574,7 +581,7 @@ def _scan_layers(stack: nnx.Module, body, carry, xs, unroll: bool = False, remat
 
     def step(carry, slices):
         state, x = slices
-        return body(nnx.merge(graphdef, state), carry, x)
+        return body(nnx.merge(graphdef, layer_params(state)), carry, x)
 
     step = remat_layer(step, remat)
 
@@ -908,8 +915,10 @@ class Transformer(nnx.Module):
         if self.encoder_norm is not None:
             x = _layer_norm(unwrap(self.encoder_norm), x, c.layer_norm_eps)
         memory = jnp.where(src_mask[..., None], x, 0.0).astype(dtype)  # zero at padding
-        cross = unwrap(self.decoder.cross_attention)
-        # Every decoder layer's cross-attention keys and values, once per source batch: [B, L_dec, G, S, K].
+        # Every decoder layer's cross-attention keys and values, once per source batch: [B, L_dec, G, S, K]. The
+        # stacked kernels pass the layer hook here (a fully sharded run gathers all layers' at once).
+        graphdef, cross = nnx.split(self.decoder.cross_attention)
+        cross = unwrap(nnx.merge(graphdef, layer_params(cross)))
         k, v = (
             jax.vmap(project_heads, in_axes=(0, None), out_axes=1)(cross[n], memory) for n in ("key", "value")
         )

@@ -30,19 +30,32 @@ the rest of the deep output. A stacked LSTM's ``[layers, hidden_in, 4, hidden]``
 ``(stage, None, None, model)``.
 
 **Dropped axes.** Mesh axes absent from the mesh, or of size 1, are dropped from the spec (a ``model=1`` mesh
-gives fully replicated weights, written ``P(None, ...)``).
+gives fully replicated weights, written ``P(None, ...)``). A rule left without axes passes its dims on to the
+next rule for the same name, as an indivisible dim does.
 
 **Indivisible dims are replicated.** ``jax.jit`` / ``device_put`` need a split dim to be a multiple of its mesh
 axes' size; a dim that is not (e.g. a vocabulary of 30 003 on ``model=2``) is replicated instead and the next
 rule for the same name, if any, is tried. Pass ``strict=True`` to get a ``ValueError`` naming the parameter
 instead (recommended for real runs: pad the vocabulary to a multiple of the mesh instead of silently losing
 the split).
+
+**Fully sharded parameters** (``fsdp``, ZeRO-3, MaxText's ``fsdp`` axis). The ``fsdp`` strategy splits the batch over
+``data`` as ``data`` does, and also every parameter name (vocab, heads, align, mlp, hidden, hidden_in, embed,
+context, kv) over ``data``. Table order picks the dim: the first name of the table that a parameter has, and
+that divides by the data axis, gets it (an embedding ``[vocab, embed]`` splits over the vocabulary, a
+Transformer query kernel ``[layers, embed, heads, kv]`` over ``embed`` when the heads do not divide). The
+``layers`` axis is never split, so a scan over stacked layers reads one layer's shard per iteration and the
+compiler gathers it there. Optimiser moments follow their parameters. A parameter with no divisible dim stays
+replicated; :func:`sharding_report` counts those. ``fsdp+tensor`` gives the tensor names to ``model`` first
+and then, in fallback rows after the table, to ``data`` for a parameter whose other dims took no ``data``
+(the softmax ``W_o [mlp, vocab]`` becomes ``(data, model)``).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from typing import NamedTuple
 
 import jax
 from flax import nnx
@@ -54,13 +67,17 @@ __all__ = [
     "LOGICAL_AXES",
     "STRATEGIES",
     "Rules",
+    "ShardingReport",
     "batch_sharding",
+    "gather_layer",
+    "gathered_rules",
     "logical_names",
     "logical_to_spec",
     "param_shardings",
     "replicated",
     "rules_for",
     "shard_state",
+    "sharding_report",
 ]
 
 MeshAxes = str | tuple[str, ...] | None
@@ -86,20 +103,26 @@ _TABLE: tuple[tuple[str, str | None, str | None], ...] = (
 LOGICAL_AXES: tuple[str, ...] = tuple(name for name, _, _ in _TABLE)
 """Every logical axis name the models may use."""
 
-STRATEGIES: tuple[str, ...] = ("data", "tensor", "pipeline", "data+pipeline", "data+tensor")
-"""The named presets of :func:`rules_for` (any ``+``-join of ``data``, ``tensor``, ``pipeline`` is accepted)."""
+STRATEGIES: tuple[str, ...] = ("data", "tensor", "pipeline", "data+pipeline", "data+tensor", "fsdp")
+"""The named presets of :func:`rules_for` (another ``+``-join of ``data``, ``fsdp``, ``tensor``, ``pipeline`` is
+accepted too, e.g. ``fsdp+tensor``)."""
 
-_PARTS = ("data", "tensor", "pipeline")
+_PARTS = ("data", "fsdp", "tensor", "pipeline")
+
+# The logical names of parameter dims; ``fsdp`` maps each one that no other part takes to ``data``.
+_PARAM_NAMES = ("vocab", "heads", "align", "mlp", "hidden", "hidden_in", "embed", "context", "kv")
 
 
 def rules_for(strategy: str) -> Rules:
     """The rule table of a parallelism ``strategy``: the default table with the other strategies' axes set to None.
 
     ``"data"``: only ``batch → data`` (weights replicated); ``"tensor"``: ``vocab, heads, align, mlp, hidden →
-    model``; ``"pipeline"``: ``layers → stage``; ``"a+b"``: both.
+    model``; ``"pipeline"``: ``layers → stage``; ``"fsdp"``: ``batch`` and every parameter name ``→ data``;
+    ``"a+b"``: both. Under ``fsdp+tensor`` the tensor names map to ``model``, the other parameter names to
+    ``data``, and fallback rows after the table map the tensor names to ``data`` too (see the module doc).
 
-    >>> dict(rules_for("data+tensor"))["vocab"], dict(rules_for("data"))["vocab"]
-    ('model', None)
+    >>> dict(rules_for("data+tensor"))["vocab"], dict(rules_for("data"))["vocab"], dict(rules_for("fsdp"))["vocab"]
+    ('model', None, 'data')
     """
     parts = strategy.split("+") if isinstance(strategy, str) else []
     if not parts or any(p not in _PARTS for p in parts) or len(set(parts)) != len(parts):
@@ -107,7 +130,20 @@ def rules_for(strategy: str) -> Rules:
             f"unknown parallelism strategy {strategy!r}; expected one of {', '.join(STRATEGIES)} "
             f"(or another '+'-join of {', '.join(_PARTS)})"
         )
-    return tuple((name, axis if used in parts else None) for name, axis, used in _TABLE)
+    if "fsdp" in parts and "data" in parts:
+        raise ValueError(f"{strategy!r}: fsdp already splits the batch over data; drop 'data'")
+    if "fsdp" in parts and "pipeline" in parts:
+        raise ValueError(
+            f"{strategy!r}: fsdp does not combine with pipeline (the pipeline's shard_map takes each stage's "
+            "layers whole, which would gather every fsdp split at once); use fsdp, fsdp+tensor or data+pipeline"
+        )
+    used = set(parts) | ({"data"} if "fsdp" in parts else set())
+    rows = [(name, axis if part in used else None) for name, axis, part in _TABLE]
+    if "fsdp" not in parts:
+        return tuple(rows)
+    fallback = tuple((name, "data") for name, axis in rows if name in _PARAM_NAMES and axis is not None)
+    rows = [(name, "data" if axis is None and name in _PARAM_NAMES else axis) for name, axis in rows]
+    return (*rows, *fallback)
 
 
 DEFAULT_RULES: Rules = rules_for("data+tensor+pipeline")
@@ -186,9 +222,7 @@ def logical_to_spec(
         if sizes is not None:
             axes = tuple(a for a in axes if sizes.get(a, 1) > 1)
         if not axes:
-            for i in positions:
-                result[i] = None
-            continue
+            continue  # nothing to split over here: a later rule for the same name may apply
         for i in positions:
             if used.intersection(axes):
                 break  # taken by an earlier rule or dim: leave for a later rule, else replicated
@@ -213,6 +247,49 @@ def logical_names(variable) -> tuple[str | None, ...] | None:
         if names is not None:
             return tuple(names)
     return None
+
+
+def gathered_rules(rules: Rules) -> Rules:
+    """The rules a layer's weights follow while the layer runs: every parameter name loses the batch's axes.
+
+    Under ``fsdp`` this gathers each weight whole (``fsdp+tensor``: whole but for its ``model`` split); under
+    the other strategies, whose parameters never take the batch's axes, it returns ``rules`` unchanged.
+
+    >>> dict(gathered_rules(rules_for("fsdp")))["embed"], dict(gathered_rules(rules_for("fsdp+tensor")))["vocab"]
+    (None, 'model')
+    """
+    batch = dict(rules).get("batch")
+    batch_axes = set() if batch is None else {batch} if isinstance(batch, str) else set(batch)
+    out = []
+    for name, axes in rules:
+        if name in _PARAM_NAMES and axes is not None:
+            kept = tuple(a for a in ((axes,) if isinstance(axes, str) else axes) if a not in batch_axes)
+            axes = None if not kept else kept[0] if len(kept) == 1 else kept
+            if axes is None and any(n == name for n, _ in out):
+                continue  # a fallback row that only split over the batch's axes
+        out.append((name, axes))
+    return tuple(out)
+
+
+def gather_layer(params, mesh: Mesh, rules: Rules):
+    """One layer's slice of stacked parameters, constrained to :func:`gathered_rules` (an all-gather under fsdp).
+
+    ``params`` is an ``nnx.State`` slice taken inside a scan over layers: each ``nnx.Variable`` still carries the
+    names of the stacked array, whose leading ``layers`` name the slice has lost. Variables without names and
+    plain arrays pass through unchanged.
+    """
+    gathered = gathered_rules(rules)
+
+    def constrain(variable):
+        names = logical_names(variable)
+        if names is None:
+            return variable
+        value = variable.get_value()
+        names = names[len(names) - value.ndim :]
+        spec = logical_to_spec(names, gathered, mesh=mesh, shape=value.shape)
+        return variable.replace(jax.lax.with_sharding_constraint(value, NamedSharding(mesh, spec)))
+
+    return jax.tree.map(constrain, params, is_leaf=lambda x: isinstance(x, nnx.Variable))
 
 
 def replicated(mesh: Mesh) -> NamedSharding:
@@ -270,3 +347,52 @@ def batch_sharding(mesh: Mesh, rules: Rules = DEFAULT_RULES) -> NamedSharding:
 def shard_state(state, shardings):
     """``state`` placed on the devices as ``shardings`` (a matching tree of ``Sharding``s) say."""
     return jax.device_put(state, shardings)
+
+
+class ShardingReport(NamedTuple):
+    """How a tree of arrays lies on a mesh: what is split, what every device holds whole, what one device holds."""
+
+    arrays: int
+    """Arrays in the tree."""
+    split: int
+    """Arrays split over at least one mesh axis."""
+    total_bytes: int
+    """The whole tree's bytes, each array counted once."""
+    replicated_bytes: int
+    """Bytes of the arrays no mesh axis splits (every device holds them whole)."""
+    device_bytes: int
+    """Bytes one device holds: the sum of its shards (the same on every device of the mesh)."""
+    replicated_paths: tuple[str, ...]
+    """The replicated arrays' paths (``jax.tree_util.keystr``), in tree order."""
+
+
+def sharding_report(shapes, shardings) -> ShardingReport:
+    """A :class:`ShardingReport` of ``shapes`` (arrays or ``ShapeDtypeStruct``s) laid out as ``shardings`` say.
+
+    A parameter the rules leave replicated (no dim divides by its mesh axes) costs every device its full size;
+    the report counts and names them, so a run says how far its split fell short of ``1 / devices``.
+
+    >>> mesh = jax.make_mesh((2,), ("data",), devices=jax.devices()[:2])
+    >>> shapes = {"w": jax.ShapeDtypeStruct((4, 3), "float32"), "b": jax.ShapeDtypeStruct((3,), "float32")}
+    >>> report = sharding_report(shapes, {"w": NamedSharding(mesh, P("data")), "b": replicated(mesh)})
+    >>> report.split, report.total_bytes, report.device_bytes, report.replicated_paths
+    (1, 60, 36, ("['b']",))
+    """
+    leaves = jax.tree_util.tree_leaves_with_path(shapes)
+    flat_shardings = jax.tree.leaves(shardings, is_leaf=lambda x: isinstance(x, jax.sharding.Sharding))
+    if len(leaves) != len(flat_shardings):
+        raise ValueError(f"{len(leaves)} arrays but {len(flat_shardings)} shardings")
+    split = total = replicated_bytes = device = 0
+    paths = []
+    for (path, leaf), sharding in zip(leaves, flat_shardings, strict=True):
+        itemsize = jax.numpy.dtype(leaf.dtype).itemsize
+        size = math.prod(leaf.shape) * itemsize
+        shard = math.prod(sharding.shard_shape(leaf.shape)) * itemsize
+        total += size
+        device += shard
+        if shard < size:
+            split += 1
+        else:
+            replicated_bytes += size
+            paths.append(jax.tree_util.keystr(path))
+    return ShardingReport(len(leaves), split, total, replicated_bytes, device, tuple(paths))

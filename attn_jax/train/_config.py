@@ -285,7 +285,8 @@ def default_config(arch: str = "rnnsearch") -> ml_collections.ConfigDict:
     )
     c.parallel = ml_collections.ConfigDict(
         dict(
-            # none (one device), or a +-join of data, tensor and pipeline over a data × model × stage mesh.
+            # none (one device), or a +-join of data, fsdp, tensor and pipeline over a data × model × stage mesh
+            # (fsdp: the batch and the parameters split over data; docs/scaling.md).
             strategy="none",
             # Size of the mesh's data axis; 0: the devices the other axes leave (1 if unused).
             data=0,
@@ -806,7 +807,7 @@ def _check_alignment(config: ml_collections.ConfigDict) -> None:
 
 
 # parallel.strategy part -> the mesh axis it splits over.
-_STRATEGY_AXES = {"data": "data", "tensor": "model", "pipeline": "stage"}
+_STRATEGY_AXES = {"data": "data", "fsdp": "data", "tensor": "model", "pipeline": "stage"}
 MESH_KEYS = ("data", "model", "stage")
 
 
@@ -821,10 +822,12 @@ def _check_parallel(config: ml_collections.ConfigDict) -> None:
     if p.strategy != "none":
         try:
             rules_for(p.strategy)
-        except ValueError:
+        except ValueError as error:
+            if not str(error).startswith("unknown"):  # known parts that do not combine; the reason names them
+                raise ConfigError(f"parallel.strategy={error}") from None
             raise ConfigError(
                 f"parallel.strategy must be none or one of {', '.join(STRATEGIES)} (or another '+'-join of "
-                f"data, tensor, pipeline); got {p.strategy!r}"
+                f"{', '.join(_STRATEGY_AXES)}); got {p.strategy!r}"
             ) from None
     for axis in MESH_KEYS:
         if p[axis] < 0:

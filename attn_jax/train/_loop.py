@@ -72,7 +72,7 @@ from jax.experimental import multihost_utils
 
 from attn_jax._host_memory import tune_host_allocator
 from attn_jax.data import Batch
-from attn_jax.parallel import batch_sharding, make_mesh, replicated, rules_for
+from attn_jax.parallel import batch_sharding, make_mesh, replicated, rules_for, sharding_report
 from attn_jax.train._checkpoint import CheckpointManager, CheckpointUnreadable, Restored, _describe
 from attn_jax.train._config import (
     BEST_METRICS,
@@ -103,6 +103,7 @@ from attn_jax.train._preempt import Preempted, StopRequest, stop_requests
 from attn_jax.train._sharded import (
     abstract_sharded_state,
     make_sharded_accumulation,
+    make_sharded_eval_step,
     make_sharded_train_step,
     train_state_shardings,
 )
@@ -416,7 +417,7 @@ class _OneDevice:
     rows = (0, 1)  # this process's block of every global batch: (index, count)
     data_axis = 1  # token batches round their rows down to a multiple of this
     context = contextlib.nullcontext
-    description = None
+    lines: tuple[str, ...] = ()  # start-up log lines about the placement
 
     def __init__(self, config: ml_collections.ConfigDict):
         if jax.process_count() > 1:
@@ -456,6 +457,28 @@ class _OneDevice:
 
     def decode_params(self, params: dict) -> dict:
         return params
+
+
+def _size(n: int) -> str:
+    """``n`` bytes with a decimal unit and three significant digits (``1.23 MB``)."""
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.3g} {unit}"
+    return f"{n} B"
+
+
+def _sharding_line(abstract: TrainState, shardings: TrainState) -> str:
+    """One log line: how many parameter arrays the rules split, which stay replicated (with their bytes), and
+    what one device holds of the train state (parameters, optimiser moments, moving average)."""
+    params, state = sharding_report(abstract.params, shardings.params), sharding_report(abstract, shardings)
+    kept = params.arrays - params.split
+    names = ", ".join(p.replace("']['", "/").strip("[']") for p in params.replicated_paths[:4])
+    more = f" and {kept - 4} more" if kept > 4 else ""
+    return (
+        f"sharding: {params.split} of {params.arrays} parameter arrays split over the mesh, {kept} replicated "
+        f"({_size(params.replicated_bytes)} of {_size(params.total_bytes)}{': ' + names + more if kept else ''}); "
+        f"each device holds {_size(state.device_bytes)} of the train state's {_size(state.total_bytes)}"
+    )
 
 
 def _mesh_shape(config: ml_collections.ConfigDict, num_devices: int, processes: int) -> dict[str, int]:
@@ -522,10 +545,10 @@ class _Mesh:
         self.batch_sharding = batch_sharding(self.mesh, self.rules)
         self.rows = _process_rows(self.batch_sharding)
         shape = " × ".join(f"{k}={v}" for k, v in sizes.items())
-        self.description = (
+        self.lines = [
             f"parallel: strategy {config.parallel.strategy}, mesh {shape} over {self.mesh.size} devices in "
             f"{jax.process_count()} process(es); each process reads 1/{self.rows[1]} of every batch"
-        )
+        ]
 
     def bind(self, step_cfg: StepConfig) -> None:
         rules, strict = self.rules, self.strict
@@ -537,16 +560,18 @@ class _Mesh:
             self.shardings = train_state_shardings(step_cfg, self.mesh, rules, strict=strict)
         except ValueError as e:
             raise ConfigError(f"parallel.strict_sharding: {e}") from None
+        if any(axis is not None for name, axis in rules if name != "batch"):  # the rules split parameters
+            self.lines.append(
+                _sharding_line(
+                    abstract_sharded_state(step_cfg, self.mesh, rules, strict=strict), self.shardings
+                )
+            )
         metrics = replicated(self.mesh)
         self._init = jax.jit(functools.partial(init_train_state, step_cfg), out_shardings=self.shardings)
         self._train = make_sharded_train_step(step_cfg, self.mesh, rules, strict=strict)
         if step_cfg.optimizer.accumulate > 1:
             self._accumulation = make_sharded_accumulation(step_cfg, self.mesh, rules, strict=strict)
-        self._eval = jax.jit(
-            lambda params, batch: eval_step(params, batch, step_cfg),
-            in_shardings=(self.shardings.params, self.batch_sharding),
-            out_shardings=metrics,
-        )
+        self._eval = make_sharded_eval_step(step_cfg, self.mesh, rules, strict=strict)
         self._finite = jax.jit(all_finite, out_shardings=metrics)
 
     def context(self):
@@ -703,8 +728,8 @@ def train_and_evaluate(
             logger.log(line)
         if lead:
             _write_data_report(workdir, inputs)
-        if place.description:
-            logger.log(place.description)
+        for line in place.lines:
+            logger.log(line)
         with place.context(), stop_requests() as request:
             return _train(config, config_dict, place, inputs, ckpt, logger, latest, request)
     finally:

@@ -21,6 +21,7 @@ programs, :func:`make_sharded_accumulation`, with the gradient sums laid out lik
 
 from __future__ import annotations
 
+import contextlib
 import functools
 
 import jax
@@ -30,15 +31,25 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 
 from attn_jax.models import ModelConfig, build_model
-from attn_jax.parallel import DEFAULT_RULES, Rules, batch_sharding, param_shardings, replicated
+from attn_jax.models.interface import layer_params_hook
+from attn_jax.parallel import (
+    DEFAULT_RULES,
+    Rules,
+    batch_sharding,
+    gather_layer,
+    gathered_rules,
+    param_shardings,
+    replicated,
+)
 from attn_jax.train import _step
 from attn_jax.train._loss import LossSums
 from attn_jax.train._optim import make_optimizer
-from attn_jax.train._step import GradSums, StepConfig, TrainMetrics, TrainState
+from attn_jax.train._step import EvalMetrics, GradSums, StepConfig, TrainMetrics, TrainState
 
 __all__ = [
     "abstract_sharded_state",
     "make_sharded_accumulation",
+    "make_sharded_eval_step",
     "make_sharded_train_step",
     "model_param_shardings",
     "shard_train_state",
@@ -109,6 +120,17 @@ def abstract_sharded_state(
     )
 
 
+def _gathering(mesh: Mesh, rules: Rules):
+    """A context in which each scanned layer gathers its weights (fully sharded rules), else a no-op.
+
+    Without it the compiler may keep a weight split over ``data`` and move the activations instead, all-gathering
+    the batch at every matmul; gathering the layer's weights keeps the batch split as data parallelism does.
+    """
+    if gathered_rules(rules) == tuple(rules):
+        return contextlib.nullcontext()
+    return layer_params_hook(functools.partial(gather_layer, mesh=mesh, rules=rules))
+
+
 def make_sharded_train_step(
     config: StepConfig, mesh: Mesh, rules: Rules = DEFAULT_RULES, *, strict: bool = False
 ):
@@ -138,7 +160,7 @@ def make_sharded_train_step(
     def sharded_train_step(state: TrainState, batch) -> tuple[TrainState, TrainMetrics]:
         # The mesh is ambient inside the trace, so a model that pipelines its layers (GNMT's pipelined_stack under
         # jax.shard_map) finds it without the caller having to lower the step under `jax.set_mesh`.
-        with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+        with jax.sharding.use_abstract_mesh(mesh.abstract_mesh), _gathering(mesh, rules):
             return _step.train_step(state, batch, config)
 
     return jax.jit(
@@ -146,6 +168,26 @@ def make_sharded_train_step(
         in_shardings=(state_shardings, batch_sharding(mesh, rules)),
         out_shardings=(state_shardings, metrics_sharding),
         donate_argnums=0,
+    )
+
+
+def make_sharded_eval_step(
+    config: StepConfig, mesh: Mesh, rules: Rules = DEFAULT_RULES, *, strict: bool = False
+):
+    """``step(params, batch) -> metrics``: :func:`~attn_jax.train.eval_step` compiled for ``mesh``.
+
+    The parameters lie as :func:`train_state_shardings` says, the batch is split as in training, the metrics are
+    replicated; under fully sharded rules each layer gathers its weights as the train step does.
+    """
+    params = train_state_shardings(config, mesh, rules, strict=strict).params
+    _step._graphdef(config.model)  # built outside any mesh context (see make_sharded_train_step)
+
+    def sharded_eval_step(params: dict, batch) -> EvalMetrics:
+        with jax.sharding.use_abstract_mesh(mesh.abstract_mesh), _gathering(mesh, rules):
+            return _step.eval_step(params, batch, config)
+
+    return jax.jit(
+        sharded_eval_step, in_shardings=(params, batch_sharding(mesh, rules)), out_shardings=replicated(mesh)
     )
 
 
@@ -167,11 +209,11 @@ def make_sharded_accumulation(
     _step._graphdef(config.model)  # outside any mesh context, as in make_sharded_train_step
 
     def add(sums, state, batch):
-        with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+        with jax.sharding.use_abstract_mesh(mesh.abstract_mesh), _gathering(mesh, rules):
             return _step.accumulate_grads(sums, state, batch, config)
 
     def apply(state, sums):
-        with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+        with jax.sharding.use_abstract_mesh(mesh.abstract_mesh), _gathering(mesh, rules):
             return _step.apply_grad_sums(state, sums, config)
 
     zero = jax.jit(_step.zero_grad_sums, in_shardings=(state_shardings.params,), out_shardings=sums_shardings)
