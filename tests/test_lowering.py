@@ -8,7 +8,8 @@ Each of those raises, and the test fails.
 
 Covered: ``dot_product_attention`` with ``implementation="xla"`` and ``"chunked"`` (padding as lengths, a mask,
 causal, grouped-query heads, a sliding window, bfloat16) and the default, the cuDNN path with sequence lengths
-(CUDA only: see its test), additive attention fused and plain; the train step and the validation (eval) step of
+(CUDA only: see its test), the Pallas kernel for CUDA and for TPU (one at a time: see its test), additive
+attention fused and plain; the train step and the validation (eval) step of
 RNNenc, RNNsearch, GNMT and the Transformer on one device; a sharded train step of each on the 8 fake CPU
 devices (tests/conftest.py), which together cover the ``data`` and ``data+tensor`` rules and GNMT's
 ``data+pipeline`` layer pipeline; beam search of each, greedy decoding once. Forward and backward passes, at
@@ -112,6 +113,52 @@ def test_chunked_kernel_loops_over_the_batch_on_the_cpu_only():
     single = loops("cpu")  # one [T, K] query: no batch axis to loop over
     assert loops("cuda", B, H) == loops("tpu", B, H) == single
     assert loops("cpu", B, H) > single
+
+
+# implementation="pallas" is one Pallas kernel source with a Triton lowering (CUDA) and a Mosaic one (TPU), picked
+# by lax.platform_dependent. Each export names one platform: JAX lowers every kept platform_dependent branch for
+# every platform of the module, so an export for ("cuda", "tpu") at once lowers the Triton kernel for the TPU
+# (the last test here). jax.export refuses Triton's custom call (Triton IR has no compatibility guarantee), so
+# its check is disabled. Lowering builds each kernel's IR without a device: Triton compiles that IR to PTX, and
+# Mosaic to TPU code, inside XLA on the device, which `make gpu-check` does on a GPU.
+PALLAS_TARGETS = {"cuda": "__gpu$xla.gpu.triton", "tpu": "tpu_custom_call"}
+PALLAS_CASES = {
+    "lengths, causal": dict(query_lengths=Q_LENGTHS, key_lengths=K_LENGTHS, causal=True),
+    "window, gqa, bfloat16": dict(
+        local_window=(2, 1), num_kv_heads=2, key_lengths=K_LENGTHS, dtype=jnp.bfloat16
+    ),
+}
+
+
+def _pallas_export(options, platforms):
+    options = dict(options)
+    dtype = options.pop("dtype", jnp.float32)
+    kv_heads = options.get("num_kv_heads", H)
+    fn = _value_and_grads(lambda q, k, v: dot_product_attention(q, k, v, implementation="pallas", **options))
+    args = (_sds((B, H, T, K), dtype), _sds((B, kv_heads, S, K), dtype), _sds((B, kv_heads, S, K), dtype))
+    checks = [export.DisabledSafetyCheck.custom_call(PALLAS_TARGETS["cuda"])]
+    return _export(fn, *args, platforms=platforms, disabled_checks=checks)
+
+
+@pytest.mark.parametrize("platform", list(PALLAS_TARGETS))
+@pytest.mark.parametrize("case", list(PALLAS_CASES))
+def test_pallas_path_lowers(case, platform):
+    text = _pallas_export(PALLAS_CASES[case], (platform,)).mlir_module()
+    # three kernels: the forward, then dK/dV and dQ; no other platform's kernel, no interpreter loop
+    calls = re.findall(r"stablehlo\.custom_call @([\w$.]+)\(", text)
+    assert calls.count(PALLAS_TARGETS[platform]) == 3, calls
+    assert not set(calls) & (set(PALLAS_TARGETS.values()) - {PALLAS_TARGETS[platform]})
+    assert "stablehlo.while" not in text
+
+
+def test_pallas_path_lowers_for_one_accelerator_at_a_time():
+    # The limit named above. JAX 0.10 refuses Triton's compiler params in the TPU lowering: a ValueError once
+    # a CUDA lowering has registered them, an AssertionError before. When this starts to pass, export the
+    # Pallas cases for PLATFORMS at once.
+    with pytest.raises(
+        (ValueError, AssertionError), match="^$|Compiler params for platform gpu cannot be used"
+    ):
+        _pallas_export(PALLAS_CASES["lengths, causal"], PLATFORMS)
 
 
 @pytest.mark.parametrize("fused", [True, False], ids=["fused", "plain"])

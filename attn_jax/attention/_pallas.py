@@ -256,15 +256,16 @@ def _row(n, batch: tuple[int, ...], own: tuple[int, ...]):
     return row
 
 
-def _call(mode: str, kernel, grid, in_specs, out_specs, out_shape, name: str):
-    """``pl.pallas_call`` compiled for ``mode``: ``"triton"``, ``"mosaic"``, or ``"interpret"``."""
+def _call(mode: str, kernel, grid, in_specs, out_specs, out_shape, name: str, width: int):
+    """``pl.pallas_call`` compiled for ``mode`` (``"triton"``, ``"mosaic"``, ``"interpret"``); heads ``width`` wide."""
     from jax.experimental import pallas as pl
 
     params = {}
     if mode == "triton":
         from jax.experimental.pallas import triton as plgpu
 
-        params = dict(compiler_params=plgpu.CompilerParams(num_warps=4, num_stages=2))
+        # 8 warps for wide heads, as jax's own Pallas attention for GPUs uses
+        params = dict(compiler_params=plgpu.CompilerParams(num_warps=4 if width <= 64 else 8, num_stages=2))
     elif mode == "mosaic":
         from jax.experimental.pallas import tpu as pltpu
 
@@ -324,6 +325,7 @@ def _forward_call(cfg: _Config, mode: str, q_len, kv_len, q, k, v):
         [rows(width_v), rows(1)],
         [jax.ShapeDtypeStruct((n, tp, width_v), jnp.float32), jax.ShapeDtypeStruct((n, tp, 1), jnp.float32)],
         "attn_jax_flash_forward",
+        q.shape[2],
     )
     return tuple(call(q_len, kv_len, q, k, v))
 
@@ -349,6 +351,7 @@ def _backward_call(cfg: _Config, mode: str, q_len, kv_len, q, k, v, do, lse, del
         [per_element(sp, cfg.block_k, w, False) for w in widths],
         [jax.ShapeDtypeStruct((n, sp, w), jnp.float32) for w in widths],
         "attn_jax_flash_dkv",
+        widths[0],
     )(q_len, kv_len, q, k, v, do, lse, delta)
     dq = _call(
         mode,
@@ -358,6 +361,7 @@ def _backward_call(cfg: _Config, mode: str, q_len, kv_len, q, k, v, do, lse, del
         per_element(tp, cfg.block_q, widths[0], False),
         jax.ShapeDtypeStruct((n, tp, widths[0]), jnp.float32),
         "attn_jax_flash_dq",
+        widths[0],
     )(q_len, kv_len, q, k, v, do, lse, delta)
     return dq, *dkv
 
