@@ -10,7 +10,7 @@ With a GPU (JAX's first device is a ``gpu``) it runs, each section in its own pr
 1. ``tests``: ``pytest -m gpu tests/`` (the tests that need an accelerator);
 2. ``matmul``: the measured peak of a large square bfloat16 matmul (TFLOP/s), the yardstick of 3;
 3. ``attention``: bfloat16 self-attention TFLOP/s of ``dot_product_attention`` with each ``implementation``
-   (``None``, ``"xla"``, ``"chunked"``, ``"cudnn"``) and of ``jax.nn.dot_product_attention(implementation=
+   (``None``, ``"xla"``, ``"chunked"``, ``"cudnn"``, ``"pallas"``) and of ``jax.nn.dot_product_attention(implementation=
    "cudnn")``, forward and forward+backward, at several lengths, as a fraction of that peak;
 4. ``rnnsearch``: RNNsearch training tokens/s at the paper's size (``configs/rnnsearch50.py``:
    620/1000/500/1000, 30,000-word vocabularies, batches of 80, S = T = 50), float32 (the config) and bfloat16
@@ -132,7 +132,7 @@ TINY = Sizes(
 )
 
 # Attention variants: (label, function, implementation). "default" is implementation=None.
-ATTN_VARIANTS = ("default", "xla", "chunked", "cudnn", "jax.nn cudnn")
+ATTN_VARIANTS = ("default", "xla", "chunked", "cudnn", "pallas", "jax.nn cudnn")
 # FlashAttention's count (Dao et al.): forward 4·B·H·T·S·K (QKᵀ and PV); forward+backward 3.5× that, the
 # backward's five matmuls including the recomputation of QKᵀ, so these TFLOP/s compare with published ones.
 FWD_BWD_FLOPS = 3.5
@@ -244,6 +244,7 @@ def section_attention(rec: Recorder, sizes: Sizes, peak: float | None) -> None:
             "xla": (lib, "xla", (q, k, v, g)),
             "chunked": (lib, "chunked", (q, k, v, g)),
             "cudnn": (lib, "cudnn", (q, k, v, g)),
+            "pallas": (lib, "pallas", (q, k, v, g)),  # the Pallas kernel: Triton here, interpreted on the CPU
             "jax.nn cudnn": (ref, "cudnn", (tq, tk, tv, tg)),
         }
         path = chosen_path(ctx, q, k, v)
@@ -674,6 +675,7 @@ def summary_lines(results: dict, peak: float | None) -> list[str]:
             out.append(
                 f"attention L={r['length']} {r['mode']}: default ({r['path']}) "
                 f"{_tf(c.get('default', {}), peak)}, "
+                f"pallas {_tf(c.get('pallas', {}), peak)}, "
                 f"jax.nn cudnn {_tf(c.get('jax.nn cudnn', {}), peak)} TFLOP/s"
             )
     for key in ("rnnsearch", "gnmt"):
