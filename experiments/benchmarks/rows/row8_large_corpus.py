@@ -40,22 +40,40 @@ def _write_corpus(directory: str, n: int, seed: int = 0) -> None:
             )
 
 
+# A small process forks the measured command and reports its ru_maxrss. Linux carries the high-water mark
+# across fork and exec, so a child of the bench's own (large) process would start at the bench's RSS.
+_LAUNCH = """
+import os, sys
+pid = os.fork()
+if pid == 0:
+    os.execv(sys.argv[2], sys.argv[2:])
+_, status, usage = os.wait4(pid, 0)
+with open(sys.argv[1], "w") as f:
+    f.write(str(usage.ru_maxrss))
+sys.exit(os.waitstatus_to_exitcode(status))
+"""
+
+
 def _run_measured(argv: list[str], env: dict[str, str], mark: str) -> tuple[float, float | None, int, str]:
     """Run a command; ``(wall s, s until the first output line starting with mark or None, peak RSS bytes of
-    the process, output)``. The peak is the child's own ``ru_maxrss`` (``os.wait4``)."""
-    t0 = time.perf_counter()
-    p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-    seen, lines = None, []
-    for line in p.stdout:
-        lines.append(line)
-        if seen is None and line.startswith(mark):
-            seen = time.perf_counter() - t0
-    _, status, usage = os.wait4(p.pid, 0)
-    wall = time.perf_counter() - t0
-    p.returncode = os.waitstatus_to_exitcode(status)
-    if p.returncode != 0:
-        raise RuntimeError(f"{' '.join(argv[2:5])} exited {p.returncode}: {''.join(lines[-5:]).strip()}")
-    return wall, seen, usage.ru_maxrss * 1024, "".join(lines)
+    the process, output)``. The peak is the command's own ``ru_maxrss``, taken by a small launcher."""
+    import tempfile
+
+    with tempfile.NamedTemporaryFile("r", suffix=".maxrss") as peak:
+        t0 = time.perf_counter()
+        launch = [sys.executable, "-c", _LAUNCH, peak.name, *argv]
+        p = subprocess.Popen(launch, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+        seen, lines = None, []
+        for line in p.stdout:
+            lines.append(line)
+            if seen is None and line.startswith(mark):
+                seen = time.perf_counter() - t0
+        p.wait()
+        wall = time.perf_counter() - t0
+        if p.returncode != 0:
+            raise RuntimeError(f"{' '.join(argv[2:5])} exited {p.returncode}: {''.join(lines[-5:]).strip()}")
+        kib = int(peak.read())
+    return wall, seen, kib * 1024, "".join(lines)
 
 
 def row_large_corpus(ctx: Ctx) -> Section:
