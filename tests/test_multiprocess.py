@@ -129,10 +129,11 @@ def _close(got, want):
 def test_two_processes_train_like_one_and_resume_in_one(tmp_path):
     cache, one, two = tmp_path / "jax_cache", tmp_path / "one", tmp_path / "two"
     # One process with 4 devices: updates 1-4, checkpoints at 3 and 4.
-    _ok(_finish(_start(one, tmp_path, "one", _env(4, cache), "--config.num_train_steps=4"), TIMEOUT))
+    bleu = "--config.validation.bleu=true"  # each process translates its share of the validation split
+    _ok(_finish(_start(one, tmp_path, "one", _env(4, cache), "--config.num_train_steps=4", bleu), TIMEOUT))
 
     # Two processes with 2 devices each: the same mesh data=4 over both, updates 1-3.
-    procs = _pair(two, tmp_path, "two", "--config.num_train_steps=3")
+    procs = _pair(two, tmp_path, "two", "--config.num_train_steps=3", bleu)
     results = [_finish(p, TIMEOUT) for p in procs]
     lead, other = _ok(results[0]), _ok(results[1])
     assert "joined: 2 local devices, 4 in all" in lead and "joined: 2 local devices, 4 in all" in other
@@ -140,6 +141,17 @@ def test_two_processes_train_like_one_and_resume_in_one(tmp_path):
     assert "step 3/3" in lead and "step" not in other  # process 0 alone logs
     train = [r["step"] for r in read_metrics(two / "metrics.jsonl") if r["split"] == "train"]
     assert train == [1, 2, 3]  # written once, by process 0
+    assert "each of 2 processes a share" in lead
+    validation = {
+        name: [r for r in read_metrics(w / "metrics.jsonl") if r["split"] == "validation" and r["step"] == 3]
+        for name, w in (("one", one), ("two", two))
+    }
+    assert len(validation["two"]) == 1 and validation["two"][0]["translations"] > 0
+    for key in ("translations", "stopped_at_limit"):
+        assert validation["two"][0][key] == validation["one"][0][key]
+    np.testing.assert_allclose(validation["two"][0]["bleu"], validation["one"][0]["bleu"], atol=1e-6)
+    hypotheses = [(w / "validation" / "hypotheses-3.txt").read_text() for w in (one, two)]
+    assert hypotheses[0] == hypotheses[1]  # parameters ~1e-7 apart: the same greedy translations
 
     got, want = load_checkpoint(two, step=3), load_checkpoint(one, step=3)
     _close(got.state["params"], want.state["params"])
