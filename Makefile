@@ -7,7 +7,7 @@
 #   make docs   – the user guide and API reference (docs/, mkdocs.yml) -> site/; any warning fails it
 #   make bench  – experiments/benchmarks: side-by-side timings and memory vs jax.nn and PyTorch -> RESULTS.md
 #                 (BENCH_ARGS=--quick for the smoke version; installs the CPU PyTorch wheel if torch is missing)
-#   make gpu-check – on a GPU (≤ 8 min): the `gpu` tests + bf16 attention/matmul TFLOP/s, RNNsearch and GNMT steps
+#   make gpu-check – on a GPU (≤ 8 min): the `gpu` tests + bf16 attention/matmul TFLOP/s, RNNsearch, GNMT, remat
 #                 -> the gpu-check section of RESULTS.md. Without a GPU it says so, checks each section at tiny
 #                 sizes, writes nothing and exits 0. It installs no CUDA wheels: see experiments/benchmarks/README.md
 PYTHON ?= python3

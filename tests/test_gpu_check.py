@@ -39,7 +39,13 @@ def test_without_a_gpu_it_says_so_checks_every_section_and_writes_nothing():
     # every section ran at tiny sizes and reported a number (or, for the tests, that they were skipped)
     summary = out.split("\nSummary:\n", 1)[1]
     assert "tests: " in summary and "skipped" in summary and "FAILED" not in summary, summary
-    for line in ("matmul: bfloat16 peak", "attention L=", "rnnsearch float32:", "gnmt float32:"):
+    for line in (
+        "matmul: bfloat16 peak",
+        "attention L=",
+        "rnnsearch float32:",
+        "gnmt float32:",
+        "remat full:",
+    ):
         assert line in summary, summary
     assert "Tiny check passed" in out
     assert (_state(RESULTS), _state(JSON)) == before

@@ -16,7 +16,9 @@ With a GPU (JAX's first device is a ``gpu``) it runs, each section in its own pr
    620/1000/500/1000, 30,000-word vocabularies, batches of 80, S = T = 50), float32 (the config) and bfloat16
    compute;
 5. ``gnmt``: GNMT training steps on one device at the paper's size (``configs/gnmt_wmt14.py``: 8 + 8 LSTM
-   layers of 1024, 32k vocabularies, batches of 128, S = T = 50).
+   layers of 1024, 32k vocabularies, batches of 128, S = T = 50);
+6. ``remat``: the device's temporary memory of the Transformer base's compiled gradient (batch 64, S = T = 64)
+   under each ``model.remat`` policy, from ``memory_analysis()`` (the CPU's table: experiments/remat).
 
 It then replaces the ``gpu-check`` section of ``--out`` (experiments/benchmarks/RESULTS.md), between its
 markers, writes the same numbers as ``gpu_check.json`` beside it and prints a short summary. Timings: every
@@ -61,7 +63,7 @@ from rows.row1_attention import chosen_path, compile_attention_pass  # noqa: E40
 SECTION = "gpu-check"  # RESULTS.md's markers: <!-- section:gpu-check --> ... <!-- /section:gpu-check -->
 # Seconds per section, each a hard limit on its process (start-up and compilation included). 450 s together
 # plus the parent's few seconds keeps `make gpu-check` within 8 minutes.
-CAPS = {"tests": 75, "matmul": 30, "attention": 130, "rnnsearch": 100, "gnmt": 115}
+CAPS = {"tests": 70, "matmul": 30, "attention": 130, "rnnsearch": 90, "gnmt": 85, "remat": 45}
 # A section stops starting new work this long before its cap, so it can still save what it measured.
 MARGIN_S = 12
 NO_GPU_LINE = (
@@ -399,7 +401,40 @@ def section_gnmt(rec: Recorder, sizes: Sizes, peak: float | None) -> None:
         )
 
 
+def section_remat(rec: Recorder, sizes: Sizes, peak: float | None) -> None:
+    """Temporary bytes of the Transformer's compiled gradient per ``model.remat`` policy (nothing runs)."""
+    ctx = _ctx(sizes)
+    jax, jnp = ctx.jax, ctx.jnp
+    from flax import nnx
+
+    from attn_jax.models import TransformerConfig, build_model
+    from attn_jax.models.interface import REMAT_POLICIES
+
+    if sizes.tiny_model:
+        base, batch, length = dict(d_model=32, heads=2, d_ff=64, encoder_layers=2, decoder_layers=2), 4, 8
+        vocab = sizes.tiny_vocab
+    else:
+        base, batch, length, vocab = {}, 64, 64, 32000
+    rec.info(batch=batch, length=length, vocab=vocab)
+    for policy in REMAT_POLICIES:
+        if rec.out_of_time(f"remat={policy}"):
+            continue
+        cfg = TransformerConfig(src_vocab=vocab, tgt_vocab=vocab, max_length=2 * length, remat=policy, **base)
+        graphdef, params = nnx.split(nnx.eval_shape(lambda cfg=cfg: build_model(cfg, rngs=nnx.Rngs(0))))
+        ints = jax.ShapeDtypeStruct((batch, length), jnp.int32)
+        mask = jax.ShapeDtypeStruct((batch, length), jnp.bool_)
+
+        def loss(params, src, mask, tgt, graphdef=graphdef):
+            logits, _ = nnx.merge(graphdef, params)(src, mask, tgt)
+            return jnp.mean(jax.nn.log_softmax(logits.astype(jnp.float32))[..., 0])
+
+        _log(f"remat: {policy}")
+        compiled = jax.jit(jax.grad(loss)).lower(params, ints, mask, ints).compile()
+        rec.row(policy=policy, temp_bytes=compiled.memory_analysis().temp_size_in_bytes)
+
+
 CHILDREN = {
+    "remat": section_remat,
     "matmul": section_matmul,
     "attention": section_attention,
     "rnnsearch": section_rnnsearch,
@@ -604,6 +639,27 @@ def render(results: dict, peak: float | None, cpu_s: dict) -> list[harness.Secti
             ],
         )
         out.append((key, sec))
+    r = results.get("remat")
+    if r:
+        info, none = r.get("info", {}), {x["policy"]: x["temp_bytes"] for x in r["rows"]}.get("none")
+        sec = harness.Section(
+            "6. Rematerialisation: the Transformer's gradient memory per `model.remat` policy",
+            f"The Transformer base (d 512, 6+6 layers), batch {info.get('batch')}, S = T = {info.get('length')}, "
+            f"vocabulary {info.get('vocab')}: `jax.grad` of the log-likelihood compiled for the device, and "
+            "XLA's `memory_analysis().temp_size_in_bytes` (nothing runs).",
+        )
+        sec.table(
+            ["policy", "temporaries", "ratio to none"],
+            [
+                [
+                    x["policy"],
+                    harness.fmt_bytes(x["temp_bytes"]),
+                    f"{x['temp_bytes'] / none:.2f}" if none else "—",
+                ]
+                for x in r["rows"]
+            ],
+        )
+        out.append(("remat", sec))
     for name, sec in out:
         r = results[name]
         sec.seconds, sec.cpu_seconds = r.get("seconds", 0.0), cpu_s.get(name, 0.0)
@@ -684,6 +740,8 @@ def summary_lines(results: dict, peak: float | None) -> list[str]:
                 f"{key} {x['compute_dtype']}: {x['target_tokens_per_s']:,.0f} target tokens/s, step "
                 f"{harness.fmt_time(x['median_step_s'])} (B={x['batch']}, L={x['length']})"
             )
+    for x in (results.get("remat") or {}).get("rows", []):
+        out.append(f"remat {x['policy']}: {harness.fmt_bytes(x['temp_bytes'])} of temporaries")
     for k, r in results.items():
         if k != "tests" and r.get("error"):
             out.append(f"{k}: FAILED: {r['error']}")
