@@ -96,7 +96,7 @@ def _spm(lines, size):
     return m.getvalue()
 
 
-def build_marian(out, train_steps=300, **overrides):
+def build_marian(out, train_steps=150, **overrides):
     """A small MarianMTModel, trained ``train_steps`` steps, saved with its tokenizer files in ``out``.
 
     Returns ``(model, tokenizer)``.
@@ -152,7 +152,7 @@ def _tokenizer(out):
 
 
 def _train(model, tok, steps, batch=32):
-    """A few hundred Adam steps on :data:`PAIRS`: enough for outputs that end, far from a perfect model."""
+    """Adam steps on :data:`PAIRS`: 150 give outputs that end at varied lengths, far from a perfect model."""
     rng = np.random.default_rng(1)
     opt = torch.optim.Adam(model.parameters(), lr=3e-3)
     model.train()
@@ -164,6 +164,15 @@ def _train(model, tok, steps, batch=32):
         opt.zero_grad()
         loss.backward()
         opt.step()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_torch_thread():
+    """The reference models are tiny: a second torch thread only spins against the other test worker's core."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module", params=sorted(SHAPES))
