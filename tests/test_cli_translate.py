@@ -24,7 +24,14 @@ SENTENCES = [
 
 
 def make_run(
-    workdir, *, arch: str = "rnnsearch", step: int = 1, scale: float = 0.5, overrides: tuple[str, ...] = ()
+    workdir,
+    *,
+    arch: str = "rnnsearch",
+    step: int = 1,
+    scale: float = 0.5,
+    overrides: tuple[str, ...] = (),
+    config_file: str = "rnnsearch_cpu",
+    model: dict | None = None,
 ) -> str:
     """A run directory with vocabularies, config and one untrained checkpoint at a tiny size, written with the
     trainer's own API (seconds instead of a training run).
@@ -34,6 +41,8 @@ def make_run(
     NumPy: at that spread the attention is peaked, so argmax alignments compare without near-ties. The optimiser
     state and the step are zero, as in a fresh state (Adam's count and moments). ``overrides`` (``key=value``)
     change the saved config after that (e.g. the corpus that ``evaluate`` reads), not the model or vocabularies.
+    ``config_file`` and ``model`` (its ``model`` fields) give another architecture: ``transformer_cpu`` with
+    ``dict(d_model=16, ...)``; ``arch`` sizes only the default RNN.
     """
     import json as _json
 
@@ -50,8 +59,8 @@ def make_run(
         optimizer_config,
     )
 
-    config = load_config(os.path.join(_ROOT, "configs", "rnnsearch_cpu.py:smoke"))
-    config.model.update(arch=arch, embed=8, hidden=10, maxout=6, align=7)
+    config = load_config(os.path.join(_ROOT, "configs", f"{config_file}.py:smoke"))
+    config.model.update(**(model or dict(arch=arch, embed=8, hidden=10, maxout=6, align=7)))
     s = config.data.synthetic_spec
     spec = data.SyntheticSpec(
         train_size=s.train_size,

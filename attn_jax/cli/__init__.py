@@ -1,4 +1,4 @@
-"""The ``attn-jax`` command: one argparse subcommand per task (``data``, ``train``, ``translate``, ``evaluate``, ``score``, ``average``, ``export``, ``import-hf``, ``serve``)."""
+"""The ``attn-jax`` command: one argparse subcommand per task (``data``, ``train``, ``translate``, ``evaluate``, ``score``, ``average``, ``export``, ``import-hf``, ``serve``, ``report``)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from attn_jax.cli._evaluate import add_evaluate_parser
 from attn_jax.cli._export import add_export_parser
 from attn_jax.cli._import_hf import add_import_hf_parser
 from attn_jax.cli._noise import add_verbose_flag, debug_log_path, route_library_noise
+from attn_jax.cli._report import add_report_parser
 from attn_jax.cli._score import add_score_parser
 from attn_jax.cli._serve import add_serve_parser
 from attn_jax.cli._train import add_train_parser
@@ -70,6 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
         add_verbose_flag(add_reader(subparsers))
     # A server keeps the libraries' reports (uvicorn's, asyncio's) on stderr, where its operator reads them.
     add_serve_parser(subparsers)
+    add_report_parser(subparsers)
     return parser
 
 

@@ -20,6 +20,8 @@ failure case: :func:`figure3_examples`), prints the tables and writes them to ``
                                                     summary.json's <system>.chrf/.ter: chrF, TER by length)
     evaluation.json  evaluation.md                  everything: scores, options, checkpoint, timings, pictures
     bleu_by_length.png  attention_<k>.png  attention_<k>_reference.png  attention_<k>_head.png
+    attention.npz                                   with --save-attention: every sentence's attention, every
+                                                    layer and head (what ``attn-jax report`` draws)
 
 The PNGs also go to the run's TensorBoard log, ``workdir/tensorboard/eval``, as images tagged
 ``eval/<split>/<file name without .png>`` at the evaluated checkpoint's step (unless the run was trained with
@@ -144,6 +146,12 @@ def add_evaluate_parser(subparsers) -> argparse.ArgumentParser:
         help="draw these sentences (0-based indices in the split) instead of the Figure 3 rule's choice",
     )
     p.add_argument(
+        "--save-attention",
+        action="store_true",
+        help="also write attention.npz: every sentence's attention on its translation and its reference, "
+        "every decoder layer and head, for `attn-jax report` (two teacher-forced passes more)",
+    )
+    p.add_argument(
         "--replace-unk", action="store_true", help="replace produced <unk> by the most-attended source word"
     )
     p.add_argument(
@@ -235,6 +243,7 @@ def run_evaluate(args: argparse.Namespace) -> int:
             log=lambda *a: line.log(" ".join(str(x) for x in a)),
             progress=decode_progress(line),
             attention=attention_choice(args),
+            save_attention=args.save_attention,
         )
     except AttentionChoiceError as e:
         line.close()

@@ -52,6 +52,7 @@ from attn_jax.eval._bleu import (
     score_by_length,
 )
 from attn_jax.eval._detok import DETOKENIZERS, detokenize, looks_tokenized
+from attn_jax.eval._html import EvaluatedRun, paired_bootstrap, read_evaluated_run, write_report_html
 from attn_jax.eval._options import BleuSettings, bleu_options, sacrebleu_tokenized_warning_dropped
 from attn_jax.eval._plots import attention_figsize, plot_attention, plot_bleu_by_length
 from attn_jax.eval._tables import (
@@ -64,6 +65,7 @@ from attn_jax.eval._tables import (
 
 __all__ = [
     "DETOKENIZERS",
+    "EvaluatedRun",
     "PAPER_BUCKETS",
     "UNK_ID",
     "UNK_TOKEN",
@@ -101,12 +103,15 @@ __all__ = [
     "links_from_matrix",
     "looks_tokenized",
     "mutual_argmax_alignment",
+    "paired_bootstrap",
     "parse_pharaoh",
     "plot_attention",
     "plot_bleu_by_length",
+    "read_evaluated_run",
     "sacrebleu_tokenized_warning_dropped",
     "score_by_length",
     "summary_json",
     "summary_markdown",
     "threshold_alignment",
+    "write_report_html",
 ]

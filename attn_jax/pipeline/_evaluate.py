@@ -62,6 +62,7 @@ def evaluate_workdir(
     progress: Callable[[int, int, float], None] | None = None,
     one_shape: bool = False,
     attention: AttentionChoice | None = None,
+    save_attention: bool = False,
 ) -> dict[str, Any]:
     """Evaluate a training run on one split: decode, BLEU overall / by length / No UNK, AER, heatmaps, tables.
 
@@ -103,6 +104,9 @@ def evaluate_workdir(
         and the reference heatmaps (:class:`AttentionChoice`; None: the last layer's mean of heads). Kept in
         ``options`` as ``attention_layer`` and ``attention_head``. A multi-head model with gold alignments
         also gets the AER of every layer and head: ``aer_by_head.{md,json}`` and the result's ``aer_by_head``.
+      save_attention: also write ``attention.npz``, every sentence's attention on its translation and on its
+        reference, every decoder layer and head (``attn_jax.pipeline._attention_file``): what ``attn-jax
+        report`` draws. Costs two teacher-forced passes. Kept in ``options``.
 
     Returns:
       A dict: ``system``, ``workdir``, ``step``, ``checkpoint_note`` (None, or why another checkpoint than
@@ -160,6 +164,7 @@ def evaluate_workdir(
         "one_shape": one_shape,
         "attention_layer": attention.layer,
         "attention_head": attention.to_dict()["head"],
+        "save_attention": save_attention,
     }
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
@@ -202,6 +207,19 @@ def evaluate_workdir(
     t0 = time.perf_counter()
     files = _Files(out_dir)
     _write_sentences(files, pairs, hypotheses, alignment.links, bleu)
+    if save_attention:
+        from attn_jax.pipeline._attention_file import write_attention_file
+
+        write_attention_file(
+            files.path("attention.npz"),
+            loaded,
+            pairs.sources,
+            pairs.references,
+            translations,
+            gold=pairs.gold,
+            batch_size=batch_size,
+            one_shape=one_shape,
+        )
     members = _members(loaded) if loaded.members else None
     scores = _write_tables(
         files,
