@@ -5,16 +5,18 @@ The public face is flat: ``import attn_jax; attn_jax.additive_attention(...)``. 
 ``decoding``, ``data``, ``eval``, ``exported``, ``parallel``, ``train``, ``pipeline``, ``typing``) are attributes
 too, imported on first use: ``import attn_jax`` itself needs only jax (not Flax, optax, orbax, grain or
 TensorFlow).
-``attn_jax.tune_host_allocator()`` (also ``attn_jax.train.tune_host_allocator``) keeps XLA's CPU temp buffers in
-glibc's heap; the trainer calls it, and a script of your own calls it before its first JAX computation.
+Importing it, before JAX's first computation, keeps XLA's CPU temp buffers in glibc's heap;
+``attn_jax.host_allocator()`` says what was set (``ATTN_JAX_HOST_ALLOCATOR=default`` opts out).
 """
 
-from attn_jax._host_memory import HostAllocator, tune_host_allocator
-from attn_jax.attention import *  # noqa: F401,F403
-from attn_jax.attention import __all__ as _attention_all
+from attn_jax._host_memory import HostAllocator, host_allocator, tune_host_allocator
+
+tune_host_allocator()  # before anything below can start JAX; the outcome goes to the "attn_jax" logger
+from attn_jax.attention import *  # noqa: E402,F401,F403
+from attn_jax.attention import __all__ as _attention_all  # noqa: E402
 
 __version__ = "0.1.0"
-__all__ = list(_attention_all) + ["HostAllocator", "tune_host_allocator"]
+__all__ = list(_attention_all) + ["HostAllocator", "host_allocator", "tune_host_allocator"]
 
 # Imported on first attribute access (PEP 562), so that `import attn_jax` stays light.
 _SUBMODULES = frozenset(

@@ -70,7 +70,7 @@ import ml_collections
 import numpy as np
 from jax.experimental import multihost_utils
 
-from attn_jax._host_memory import tune_host_allocator
+from attn_jax._host_memory import host_allocator
 from attn_jax.data import Batch
 from attn_jax.parallel import batch_sharding, make_mesh, replicated, rules_for, sharding_report
 from attn_jax.train._checkpoint import CheckpointManager, CheckpointUnreadable, Restored, _describe
@@ -654,7 +654,7 @@ def train_and_evaluate(
     check_config(config)
     workdir = os.path.abspath(os.fspath(workdir))
     _prepare_workdir(workdir)
-    allocator = tune_host_allocator()  # before the first JAX computation; its line is logged below
+    allocator = host_allocator()  # set by `import attn_jax`; its line is logged below
     place = _OneDevice(config) if config.parallel.strategy == "none" else _Mesh(config)
     lead = jax.process_index() == 0  # the process that writes files and talks to the terminal
     # One run per directory: a second train, resume or average is refused; a multi-process run holds one lock.

@@ -126,7 +126,7 @@ def package_versions() -> dict[str, str]:
 def machine() -> dict[str, str]:
     import jax
 
-    from attn_jax import tune_host_allocator
+    from attn_jax import host_allocator
 
     return {
         "platform": platform.platform(),
@@ -134,8 +134,8 @@ def machine() -> dict[str, str]:
         "cpu_count": str(os.cpu_count()),
         "jax_backend": jax.default_backend(),
         "jax_devices": ", ".join(str(d) for d in jax.devices()),
-        # what the first train_and_evaluate set (or why not): speed only, the arithmetic is the same
-        "host_allocator": tune_host_allocator().message.removeprefix("host allocator: "),
+        # what `import attn_jax` set (or why not): speed only, the arithmetic is the same
+        "host_allocator": host_allocator().message.removeprefix("host allocator: "),
     }
 
 

@@ -106,11 +106,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.environ["JAX_PLATFORMS"] = "cpu"
     else:
         os.environ.pop("JAX_PLATFORMS", None)
-    # What `attn-jax train` does before JAX starts (attn_jax/_host_memory.py): one process-wide malloc
-    # setting, so both sides of every row, PyTorch included, run under it.
-    from attn_jax import tune_host_allocator
+    # `import attn_jax` sets the host allocator before JAX starts (attn_jax/_host_memory.py): one process-wide
+    # malloc setting, so both sides of every row, PyTorch included, run under it.
+    import attn_jax
 
-    allocator = tune_host_allocator().message
+    allocator = attn_jax.host_allocator().message
     import jax
     import jax.numpy as jnp
     import numpy as np

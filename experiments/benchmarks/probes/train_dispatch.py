@@ -10,7 +10,12 @@ Variants (each in its own process: mallopt is process-wide and must come before 
 * ``tuned``: ``attn_jax.tune_host_allocator()`` as committed (M_ARENA_MAX=1, M_MMAP_MAX=0, trim 2 GiB - 1);
 * ``sync-noarena``: M_MMAP_MAX=0 and the trim threshold only, ``jax_cpu_enable_async_dispatch=False``;
 * ``sync-tuned``: the committed setting plus synchronous dispatch;
-* ``noarena``: M_MMAP_MAX=0 and the trim threshold only, asynchronous dispatch.
+* ``noarena``: M_MMAP_MAX=0 and the trim threshold only, asynchronous dispatch;
+* ``arena2``: the committed setting with M_ARENA_MAX=2 instead of 1, asynchronous dispatch;
+* ``threshold``: M_MMAP_THRESHOLD=1 GiB and the trim threshold only, asynchronous dispatch.
+
+Every variant but ``tuned`` and ``sync-tuned`` sets ``ATTN_JAX_HOST_ALLOCATOR=default`` first, so that
+``import attn_jax`` leaves glibc's malloc to the variant.
 
 Sizes are row 4's paper-like RNNsearch (V 8000, m 256, n 512, l 256, A 512, B 64, S = T = 30), Adam + clipping.
 """
@@ -28,7 +33,9 @@ import time
 
 p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
 p.add_argument(
-    "--variant", default="tuned", choices=("default", "tuned", "sync-noarena", "sync-tuned", "noarena")
+    "--variant",
+    default="tuned",
+    choices=("default", "tuned", "sync-noarena", "sync-tuned", "noarena", "arena2", "threshold"),
 )
 p.add_argument("--steps", type=int, default=8)
 p.add_argument("--small", action="store_true", help="row 4's bench size instead (V 2000, n 256, B 32)")
@@ -45,9 +52,18 @@ if args.variant in ("tuned", "sync-tuned"):
     import attn_jax
 
     assert attn_jax.tune_host_allocator().applied
-elif args.variant in ("sync-noarena", "noarena"):
+else:
+    os.environ["ATTN_JAX_HOST_ALLOCATOR"] = "default"
+    # mallopt parameter codes of <malloc.h>
+    codes = {"arena": -8, "mmap_max": -4, "mmap_threshold": -3, "trim": -1}
+    values = {
+        "sync-noarena": {"mmap_max": 0, "trim": (1 << 31) - 1},
+        "noarena": {"mmap_max": 0, "trim": (1 << 31) - 1},
+        "arena2": {"arena": 2, "mmap_max": 0, "trim": (1 << 31) - 1},
+        "threshold": {"mmap_threshold": 1 << 30, "trim": (1 << 31) - 1},
+    }.get(args.variant, {})
     libc = ctypes.CDLL("libc.so.6")
-    assert libc.mallopt(-4, 0) == 1 and libc.mallopt(-1, (1 << 31) - 1) == 1  # M_MMAP_MAX, M_TRIM_THRESHOLD
+    assert all(libc.mallopt(codes[k], v) == 1 for k, v in values.items())
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
