@@ -53,10 +53,14 @@ TORCH_PIP = --retries 1 --timeout 15 --index-url $(TORCH_INDEX)
 install: $(STAMP)
 
 # The Marian parity tests run transformers on PyTorch: the CPU wheel first, so no CUDA libraries come along.
+# Debian's chromium, for the report page's browser tests (tests/test_report_html.py), only when missing.
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	@$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install --quiet torch $(TORCH_PIP)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e ".[$(EXTRAS)]"
+	@command -v chromium >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
+		apt-get update -qq && apt-get install -y -qq chromium >/dev/null; } || \
+		echo "chromium not installed (needs root and apt): the report page's browser tests will skip" >&2
 	@touch $@
 
 demo: $(STAMP)

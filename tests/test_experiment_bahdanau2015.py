@@ -18,6 +18,7 @@ SECTIONS = (
     "## This run against the seed study",
     "## RNNsearch attention on test sentences (Figure 3)",
     "## Transformer cross-attention on test sentences",
+    "## Sentence by sentence",
     "## Wall times",
     "## Seeds",
     "## Configs",
@@ -66,6 +67,10 @@ def test_smoke_run_writes_a_complete_report(smoke_run):
     report = out / "report.md"
     assert f"report written to {report}" in p.stdout
     text = report.read_text(encoding="utf-8")
+    page = (out / "report.html").read_text(encoding="utf-8")
+    assert "[report.html](report.html)" in text and all(
+        f'"name":"{s}"' in page for s in ("RNNenc", "RNNsearch", "Transformer")
+    )
 
     positions = [text.find(s) for s in SECTIONS]
     assert all(i >= 0 for i in positions), [s for s, i in zip(SECTIONS, positions, strict=True) if i < 0]

@@ -347,6 +347,22 @@ def _heatmaps_markdown(runs: dict, out: str) -> list[str]:
     return md
 
 
+def _html_report(runs: dict, out: str) -> list[str]:
+    """``report.html`` beside report.md (``attn-jax report`` on the systems' evaluations); its Markdown link."""
+    from attn_jax import eval as ev
+
+    evaluated = [
+        ev.read_evaluated_run(os.path.dirname(r["eval"]["files"]["evaluation.json"])) for r in runs.values()
+    ]
+    page = ev.write_report_html(evaluated, os.path.join(out, "report.html"))
+    print(f"== report.html: {page['bytes'] / 1e6:.1f} MB", flush=True)
+    return [
+        "## Sentence by sentence\n",
+        f"[report.html]({_rel(page['path'], out)}) (open it in a browser, offline): scores, sacreBLEU's paired "
+        "bootstrap between every two systems, every test sentence, and attention heatmaps of every layer and head.\n",
+    ]
+
+
 def _appendix_markdown(
     runs: dict, args: argparse.Namespace, total_s: float, out: str, phase_rows: Sequence[str] = ()
 ) -> list[str]:
@@ -455,6 +471,7 @@ def run_system(system: str, args: argparse.Namespace, out: str, timer: PhaseTime
             # One compiled search and one teacher-forced pass per system instead of one per width and
             # partial batch: at these sizes compiling costs more than decoding.
             one_shape=True,
+            save_attention=True,  # for report.html's heatmaps: two teacher-forced passes of 140 pairs
         )
     return {
         "spec": os.path.relpath(spec, REPO),
@@ -625,6 +642,7 @@ def run_experiment(args: argparse.Namespace) -> str:
     md.append("")
     md += findings_markdown(checks, numbers, ranges, args, why_no_ranges)
     md += _heatmaps_markdown(runs, out)
+    md += _html_report(runs, out)
     timer.stop("report")
     timer.close()
     phase_rows = timer.markdown()
