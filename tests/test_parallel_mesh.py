@@ -15,6 +15,7 @@ from attn_jax.parallel import (
     DEFAULT_RULES,
     LOGICAL_AXES,
     STRATEGIES,
+    UnknownStrategyError,
     _mesh,
     _rules,
     batch_sharding,
@@ -78,8 +79,16 @@ def test_rule_table_covers_the_models_names_and_presets_split_one_strategy_each(
 
 @pytest.mark.parametrize("strategy", ["model", "data+data", "", "data,tensor", None])
 def test_rules_for_rejects_unknown_strategies(strategy):
-    with pytest.raises(ValueError, match="unknown parallelism strategy"):
+    with pytest.raises(UnknownStrategyError, match="unknown parallelism strategy"):
         rules_for(strategy)
+
+
+@pytest.mark.parametrize("strategy", ["fsdp+data", "fsdp+pipeline"])
+def test_known_parts_that_do_not_combine_are_not_unknown(strategy):
+    """The trainer lists the valid names only for an unknown strategy; this one's reason is passed on."""
+    with pytest.raises(ValueError, match="fsdp") as raised:
+        rules_for(strategy)
+    assert not isinstance(raised.value, UnknownStrategyError)
 
 
 TENSOR = rules_for("tensor")

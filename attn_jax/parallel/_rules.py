@@ -113,6 +113,14 @@ _PARTS = ("data", "fsdp", "tensor", "pipeline")
 _PARAM_NAMES = ("vocab", "heads", "align", "mlp", "hidden", "hidden_in", "embed", "context", "kv")
 
 
+class UnknownStrategyError(ValueError):
+    """A strategy that names a part :func:`rules_for` does not know, or names one twice.
+
+    Known parts that do not combine (``fsdp+data``) raise a plain ``ValueError`` instead, so that a caller can
+    list the valid names for the first case and pass the reason on for the second.
+    """
+
+
 def rules_for(strategy: str) -> Rules:
     """The rule table of a parallelism ``strategy``: the default table with the other strategies' axes set to None.
 
@@ -126,7 +134,7 @@ def rules_for(strategy: str) -> Rules:
     """
     parts = strategy.split("+") if isinstance(strategy, str) else []
     if not parts or any(p not in _PARTS for p in parts) or len(set(parts)) != len(parts):
-        raise ValueError(
+        raise UnknownStrategyError(
             f"unknown parallelism strategy {strategy!r}; expected one of {', '.join(STRATEGIES)} "
             f"(or another '+'-join of {', '.join(_PARTS)})"
         )

@@ -27,7 +27,7 @@ import ml_collections
 
 from attn_jax.data import AttnJaxSynthetic, BatchConfig, SyntheticSpec
 from attn_jax.models import GNMTConfig, ModelConfig, RNNConfig, TransformerConfig
-from attn_jax.parallel import STRATEGIES, rules_for
+from attn_jax.parallel import STRATEGIES, UnknownStrategyError, rules_for
 from attn_jax.train._optim import OptimizerConfig
 
 __all__ = [
@@ -822,13 +822,13 @@ def _check_parallel(config: ml_collections.ConfigDict) -> None:
     if p.strategy != "none":
         try:
             rules_for(p.strategy)
-        except ValueError as error:
-            if not str(error).startswith("unknown"):  # known parts that do not combine; the reason names them
-                raise ConfigError(f"parallel.strategy={error}") from None
+        except UnknownStrategyError:
             raise ConfigError(
                 f"parallel.strategy must be none or one of {', '.join(STRATEGIES)} (or another '+'-join of "
                 f"{', '.join(_STRATEGY_AXES)}); got {p.strategy!r}"
             ) from None
+        except ValueError as error:  # known parts that do not combine; the reason names them
+            raise ConfigError(f"parallel.strategy={error}") from None
     for axis in MESH_KEYS:
         if p[axis] < 0:
             raise ConfigError(
