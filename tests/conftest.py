@@ -73,6 +73,9 @@ if "XLA_FLAGS" not in os.environ:
 else:
     TEST_XLA_FLAGS = " ".join(f for f in os.environ["XLA_FLAGS"].split() if "device_count" not in f)
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# PyTorch (the parity tests' peers, the bench's) runs its CPU threads on OpenMP, whose idle threads spin by
+# default: beside the other test worker they take its core and slow both (tests/README.md "Time budget").
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
