@@ -63,9 +63,10 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from attn_jax.models.interface import EncoderOutput, check_remat, check_source, check_tokens, remat_layer
+from attn_jax.models.interface import EncoderOutput, check_remat, check_source, check_tokens
 from attn_jax.models.presets import canonicalize_dtypes
 from attn_jax.nn._params import partitioned, unwrap
+from attn_jax.nn._remat import remat_scan_body
 from attn_jax.nn.attention import AdditiveAttention
 from attn_jax.nn.lstm import (
     INIT_SCALE,
@@ -110,10 +111,11 @@ class GNMTConfig:
       pipeline_stages: ``1``: the uniform stacks run as plain scans. ``> 1``: they run through
         ``attn_jax.parallel.pipelined_stack`` over the mesh axis ``stage`` (the model must then be called under
         ``jax.set_mesh`` with such an axis); each non-empty stack's depth must divide evenly into the stages.
-      remat: what each layer of the uniform stacks keeps for the backward pass (``jax.checkpoint``):
-        ``"none"``, ``"full"`` (only its input sequence), ``"dots_saveable"`` or
-        ``"dots_with_no_batch_dims_saveable"`` (see ``attn_jax.models.interface.REMAT_POLICIES``); not
-        applied with ``pipeline_stages > 1``, where the pipeline schedules the layers.
+      remat: what each time step of every LSTM scan, and each layer of the uniform stacks, keeps for the
+        backward pass (``jax.checkpoint``): ``"none"``, ``"full"`` (only its inputs: a step's state, a layer's
+        input sequence), ``"dots_saveable"`` or ``"dots_with_no_batch_dims_saveable"`` (see
+        ``attn_jax.models.interface.REMAT_POLICIES``). With ``pipeline_stages > 1`` the uniform stacks are
+        not rematerialised (the pipeline schedules them); the other layers are.
       param_dtype: dtype the parameters are stored in.
       dtype: compute dtype of matmul operands and activations (``bfloat16`` for mixed precision; LSTM states,
         attention logits, softmax and output logits stay float32).
@@ -235,16 +237,18 @@ def _decoder_layer(params, state: LSTMState, inputs, *, dtype, residual: bool):
 def _stacked_scan(layer_fn, stacked_params, init_carry, xs, remat: str = "none"):
     """``lax.scan`` over layers of ``lax.scan`` over time: ``(top outputs [T, ...], final carries [L, ...])``.
 
-    ``remat`` makes each layer a ``jax.checkpoint`` (:func:`~attn_jax.models.interface.remat_layer`): the
-    backward pass keeps the layer's input sequence and recomputes its time scan.
+    ``remat`` makes each layer and each of its time steps a ``jax.checkpoint``
+    (:func:`~attn_jax.nn._remat.remat_scan_body`): the backward pass keeps the layer's input sequence,
+    recomputes its time scan, and within that keeps one state per step.
     """
 
     def one_layer(inputs, layer):
         params, carry = layer
-        carry, outputs = jax.lax.scan(functools.partial(layer_fn, params), carry, inputs)
+        step = remat_scan_body(functools.partial(layer_fn, params), remat)
+        carry, outputs = jax.lax.scan(step, carry, inputs)
         return outputs, carry
 
-    return jax.lax.scan(remat_layer(one_layer, remat), xs, (stacked_params, init_carry))
+    return jax.lax.scan(remat_scan_body(one_layer, remat), xs, (stacked_params, init_carry))
 
 
 def _uniform_embedding(vocab: int, features: int, *, param_dtype, dtype, rngs: nnx.Rngs) -> nnx.Embed:
@@ -336,12 +340,14 @@ class GNMT(nnx.Module):
     def encode(self, src: Int[Array, "B S"], src_mask: Bool[Array, "B S"]) -> EncoderOutput:
         """The top encoder layer ``x^{L_e}`` ``[B, S, n]`` (compute dtype, zero at padding) and its keys."""
         check_source(src, src_mask)
-        emb = self.src_embed(src)  # [B, S, m]
-        fwd, _ = self.encoder_forward.scan(self.encoder_forward.project_inputs(emb), src_mask)
-        bwd, _ = self.encoder_backward.scan(self.encoder_backward.project_inputs(emb), src_mask, reverse=True)
+        emb, remat = self.src_embed(src), self.config.remat  # [B, S, m]
+        fwd, _ = self.encoder_forward.scan(self.encoder_forward.project_inputs(emb), src_mask, remat=remat)
+        bwd, _ = self.encoder_backward.scan(
+            self.encoder_backward.project_inputs(emb), src_mask, reverse=True, remat=remat
+        )
         x = jnp.concatenate([fwd, bwd], axis=-1)  # [B, S, 2n], float32
         for layer in self.encoder_plain:
-            x, _ = layer.scan(layer.project_inputs(x), src_mask)  # [B, S, n]
+            x, _ = layer.scan(layer.project_inputs(x), src_mask, remat=remat)  # [B, S, n]
         if self.encoder_stack is not None:
             depth, batch = self.encoder_stack.num_layers, src.shape[0]
             xs = (jnp.moveaxis(x, 1, 0), jnp.moveaxis(src_mask, 1, 0))  # time-major [S, B, n], [S, B]
@@ -396,7 +402,7 @@ class GNMT(nnx.Module):
         dtype, new_plain = self.config.dtype, []
         for layer, state in zip(self.decoder_plain, plain, strict=True):
             fn = functools.partial(_decoder_layer, unwrap(layer.params), dtype=dtype, residual=False)
-            state, (below, _) = jax.lax.scan(fn, state, (below, ctx))
+            state, (below, _) = jax.lax.scan(remat_scan_body(fn, self.config.remat), state, (below, ctx))
             new_plain.append(state)
         if self.decoder_stack is not None:
             fn = functools.partial(_decoder_layer, dtype=dtype, residual=True)
@@ -451,7 +457,9 @@ class GNMT(nnx.Module):
             return (lstm, ctx), (lstm.h, ctx, weights)
 
         _, (h1, ctx, weights) = jax.lax.scan(
-            bottom, (state.bottom, state.context), jnp.moveaxis(emb_proj, 1, 0)
+            remat_scan_body(bottom, self.config.remat),
+            (state.bottom, state.context),
+            jnp.moveaxis(emb_proj, 1, 0),
         )
         top, _, _ = self._upper_layers(state.plain, state.stack, h1, ctx, pipeline=True)  # [T, B, n]
         return self._logits(jnp.moveaxis(top, 0, 1)), jnp.moveaxis(weights, 0, 1)

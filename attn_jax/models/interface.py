@@ -29,6 +29,7 @@ import jax
 import jax.numpy as jnp
 
 from attn_jax.attention._checks import positive_int
+from attn_jax.nn._remat import REMAT_POLICIES, remat_scan_body
 from attn_jax.typing import Array, Bool, Float, Int
 
 __all__ = [
@@ -171,15 +172,6 @@ def check_tokens(name: str, tokens, batch: int, rank: int) -> None:
         raise ValueError(f"{name} has batch size {shape[0]} (shape {shape}) but the source batch has {batch}")
 
 
-# ``model.remat``: the jax.checkpoint policy of each layer; ``None`` keeps nothing but the layer's input.
-REMAT_POLICIES = {
-    "none": None,
-    "full": None,
-    "dots_saveable": jax.checkpoint_policies.dots_saveable,
-    "dots_with_no_batch_dims_saveable": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
-}
-
-
 def check_remat(where: str, remat: str) -> None:
     """Raise a one-line ``ValueError`` unless ``remat`` names a :data:`REMAT_POLICIES` entry."""
     if remat not in REMAT_POLICIES:
@@ -211,12 +203,5 @@ def layer_params(params):
     return params if fn is None else fn(params)
 
 
-def remat_layer(fn, remat: str):
-    """``fn`` (one layer, the body of a scan over layers) under ``jax.checkpoint`` with policy ``remat``.
-
-    Its activations are then recomputed in the backward pass instead of kept; ``"none"`` returns ``fn``.
-    ``prevent_cse=False``: inside a scan, common-subexpression elimination cannot undo the recomputation.
-    """
-    if remat == "none":
-        return fn
-    return jax.checkpoint(fn, policy=REMAT_POLICIES[remat], prevent_cse=False)
+# The Transformer's name for it: each layer is the body of a scan over layers.
+remat_layer = remat_scan_body

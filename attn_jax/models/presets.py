@@ -14,6 +14,7 @@ import jax.numpy as jnp
 
 from attn_jax.attention import NORMALIZERS
 from attn_jax.attention._checks import positive_int
+from attn_jax.models.interface import check_remat
 
 __all__ = ["ARCHS", "SCORERS", "RNNConfig", "paper_config", "small_config"]
 
@@ -80,6 +81,10 @@ class RNNConfig:
         ``"sparsemax"`` (Martins & Astudillo 2016) or ``"entmax15"`` (1.5-entmax, Peters et al. 2019), which
         can give source words exactly zero weight (``attn_jax.masked_normalize``); every scorer, local-p
         included. The intra-attention encoder keeps its softmax. RNNenc has no attention: only ``"softmax"``.
+      remat: what each time step of the encoder and decoder scans keeps for the backward pass
+        (``jax.checkpoint``): ``"none"``, ``"full"`` (only the step's state: its gates and attention scores are
+        recomputed), ``"dots_saveable"`` or ``"dots_with_no_batch_dims_saveable"`` (see
+        ``attn_jax.models.interface.REMAT_POLICIES``).
       param_dtype: dtype the parameters are stored in.
       dtype: compute dtype of matmul operands and activations (``"bfloat16"`` for mixed precision; recurrent
         states, attention logits, softmax and output logits stay float32).
@@ -100,6 +105,7 @@ class RNNConfig:
     local_window: int = 10
     attention_init: str = "fan_in"
     normalizer: str = "softmax"
+    remat: str = "none"
     param_dtype: str = "float32"
     dtype: str = "float32"
 
@@ -145,6 +151,7 @@ class RNNConfig:
             raise ValueError(
                 "model config: input_feeding needs attention (arch='rnnsearch'); RNNenc has none"
             )
+        check_remat("model config", self.remat)
         canonicalize_dtypes(self, "model config")
 
     def replace(self, **changes) -> RNNConfig:

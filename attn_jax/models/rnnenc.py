@@ -34,6 +34,7 @@ from attn_jax.models.interface import EncoderOutput, RNNDecoderState, check_sour
 from attn_jax.models.presets import RNNConfig
 from attn_jax.models.rnnsearch import make_embedding, normal_param
 from attn_jax.nn._params import partitioned, unwrap
+from attn_jax.nn._remat import remat_scan_body
 from attn_jax.nn.intra import IntraGRU
 from attn_jax.nn.recurrent import GRUCell, MaxoutOutput, linear
 from attn_jax.typing import Array, Bool, Float, Int
@@ -80,11 +81,11 @@ class RNNenc(nnx.Module):
     def encode(self, src: Int[Array, "B S"], src_mask: Bool[Array, "B S"]) -> EncoderOutput:
         """``c = tanh(V h_{T_x} + b_V)`` ``[B, n]`` (float32) as ``summary``; no memory, no keys."""
         check_source(src, src_mask)
-        emb = self.src_embed(src)
+        emb, remat = self.src_embed(src), self.config.remat
         if self.config.intra_attention:
-            _, last = self.encoder(emb, src_mask)
+            _, last = self.encoder(emb, src_mask, remat=remat)
         else:
-            _, last = self.encoder.scan(self.encoder.project_inputs(emb), src_mask)
+            _, last = self.encoder.scan(self.encoder.project_inputs(emb), src_mask, remat=remat)
         p = unwrap(self.summary)
         c = jnp.tanh(linear(last, p["w_v"], self.config.dtype) + p["b_v"].astype(jnp.float32))
         return EncoderOutput(memory=None, keys=None, mask=src_mask, summary=c)
@@ -121,6 +122,7 @@ class RNNenc(nnx.Module):
         def body(s_prev, x):
             return self.decoder(s_prev, x), s_prev
 
+        body = remat_scan_body(body, self.config.remat)
         _, s_prev = jax.lax.scan(body, s0, jnp.moveaxis(x_proj, 1, 0))
         s_prev = jnp.moveaxis(s_prev, 0, 1)  # [B, T, n]: s_{i-1} for every position i
         readout = self.output.readout(s_prev, emb, jnp.broadcast_to(context, s_prev.shape))

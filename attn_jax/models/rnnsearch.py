@@ -83,6 +83,7 @@ from attn_jax.attention._normalizers import attend_normalized
 from attn_jax.models.interface import EncoderOutput, RNNDecoderState, check_source, check_tokens
 from attn_jax.models.presets import RNNConfig
 from attn_jax.nn._params import partitioned, unwrap, wrap
+from attn_jax.nn._remat import remat_scan_body
 from attn_jax.nn.attention import AdditiveAttention
 from attn_jax.nn.intra import BidirectionalIntraGRU
 from attn_jax.nn.recurrent import BidirectionalGRU, GRUCell, MaxoutOutput, linear
@@ -197,7 +198,9 @@ class RNNsearch(nnx.Module):
         for a copy model, ``src_ext``: the source in the extended target vocabulary, which decoding needs)."""
         check_source(src, src_mask)
         _check_src_ext(self.config.copy, src, src_ext)
-        annotations, (_, backward_first) = self.encoder(self.src_embed(src), src_mask)
+        annotations, (_, backward_first) = self.encoder(
+            self.src_embed(src), src_mask, remat=self.config.remat
+        )
         memory = annotations.astype(self.config.dtype)
         enc = EncoderOutput(memory=memory, keys=self._keys(memory), mask=src_mask, summary=backward_first)
         return enc if src_ext is None else enc._replace(src_ext=jnp.asarray(src_ext, jnp.int32))
@@ -349,6 +352,7 @@ class RNNsearch(nnx.Module):
             return self._step(enc, state, *xs)
 
         xs = (jnp.moveaxis(emb, 1, 0), jnp.moveaxis(emb_proj, 1, 0))  # time-major
+        body = remat_scan_body(body, self.config.remat)  # a step's attention is recomputed, not kept
         _, (s_prev, ctx, weights, readout) = jax.lax.scan(body, self.init_decoder_state(enc), xs)
         s_prev, ctx, weights = (jnp.moveaxis(x, 0, 1) for x in (s_prev, ctx, weights))  # [B, T, ...]
         if readout is None:

@@ -70,6 +70,7 @@ from attn_jax.attention._checks import (
 from attn_jax.attention._masks import combine_masks, make_causal_mask
 from attn_jax.attention._softmax import attend
 from attn_jax.nn._params import unwrap, wrap
+from attn_jax.nn._remat import remat_scan_body
 from attn_jax.nn.recurrent import GRUCell, gru_cell, gru_input_projection, linear
 from attn_jax.typing import Array, Bool, Float, PRNGKeyArray
 
@@ -147,6 +148,7 @@ def intra_gru_scan(
     reverse: bool = False,
     dtype=None,
     return_weights: bool = False,
+    remat: str = "none",
 ):
     r"""A GRU whose previous state is an attention summary of its earlier states (LSTMN-style), as one scan.
 
@@ -167,6 +169,8 @@ def intra_gru_scan(
       reverse: run from ``S - 1`` down to ``0`` (the backward encoder direction).
       dtype: matmul operand dtype (default float32); states, logits and softmax stay float32.
       return_weights: also return the intra-attention weights.
+      remat: the ``jax.checkpoint`` policy of each step (``model.remat``, ``attn_jax.nn._remat``): the
+        backward pass then recomputes each step's attention scores instead of keeping them.
 
     Returns:
       ``(states [..., S, n], final [..., n])`` float32, as ``gru_scan``: ``states[..., t, :]`` is ``h_t``
@@ -198,12 +202,20 @@ def intra_gru_scan(
             raise ValueError(f"h0 {shape_str(h0)} must broadcast to [..., n] = {shape_str(batch + (n,))}")
     dtype = jnp.dtype(jnp.float32 if dtype is None else dtype)
     return _intra_gru_scan(
-        gru_params, intra_params, x, mask, h0, reverse=reverse, dtype=dtype, return_weights=return_weights
+        gru_params,
+        intra_params,
+        x,
+        mask,
+        h0,
+        reverse=reverse,
+        dtype=dtype,
+        return_weights=return_weights,
+        remat=remat,
     )
 
 
-@functools.partial(jax.jit, static_argnames=("reverse", "dtype", "return_weights"))
-def _intra_gru_scan(gru_params, intra_params, x, mask, h0, *, reverse, dtype, return_weights):
+@functools.partial(jax.jit, static_argnames=("reverse", "dtype", "return_weights", "remat"))
+def _intra_gru_scan(gru_params, intra_params, x, mask, h0, *, reverse, dtype, return_weights, remat):
     """:func:`intra_gru_scan` after its checks; one compiled program even when called eagerly."""
     n, a = jnp.shape(gru_params["u"])[-1], jnp.shape(intra_params["v"])[0]
     batch, steps = tuple(jnp.shape(x)[:-2]), jnp.shape(x)[-2]
@@ -248,7 +260,7 @@ def _intra_gru_scan(gru_params, intra_params, x, mask, h0, *, reverse, dtype, re
 
     init = (jnp.zeros((rows, steps, n), jnp.float32), jnp.zeros((rows, steps, a), jnp.float32), h0, h0)
     xs = (jnp.arange(steps), jnp.moveaxis(x_attn, 1, 0), jnp.moveaxis(x_gru, 1, 0), jnp.moveaxis(mask, 1, 0))
-    (_, _, _, final), (states, weights) = jax.lax.scan(step, init, xs)
+    (_, _, _, final), (states, weights) = jax.lax.scan(remat_scan_body(step, remat), init, xs)
     states = jnp.moveaxis(states, 0, 1)  # [N, S, n]
     if reverse:
         states = states[:, ::-1]
@@ -303,6 +315,7 @@ class IntraGRU(nnx.Module):
         *,
         reverse: bool = False,
         return_weights: bool = False,
+        remat: str = "none",
     ):
         """``(states [..., S, n], final [..., n])`` (plus the weights); see :func:`intra_gru_scan`."""
         return intra_gru_scan(
@@ -314,6 +327,7 @@ class IntraGRU(nnx.Module):
             reverse=reverse,
             dtype=self.dtype,
             return_weights=return_weights,
+            remat=remat,
         )
 
 
@@ -341,11 +355,11 @@ class BidirectionalIntraGRU(nnx.Module):
         self.hidden = hidden
 
     def __call__(
-        self, x: Float[Array, "... S Din"], mask: Bool[Array, "... S"] | None = None
+        self, x: Float[Array, "... S Din"], mask: Bool[Array, "... S"] | None = None, *, remat: str = "none"
     ) -> tuple[Float[Array, "... S 2n"], tuple[Float[Array, "... n"], Float[Array, "... n"]]]:
         """Annotations ``[..., S, 2n]`` (float32, exactly 0 at masked positions) and ``(→h_last, ←h_1)``."""
-        fwd, fwd_last = self.forward(x, mask)
-        bwd, bwd_first = self.backward(x, mask, reverse=True)
+        fwd, fwd_last = self.forward(x, mask, remat=remat)
+        bwd, bwd_first = self.backward(x, mask, reverse=True, remat=remat)
         annotations = jnp.concatenate([fwd, bwd], axis=-1)
         if mask is not None:
             # As BidirectionalGRU: a carried state at padding must not be readable by the decoder's scorer.

@@ -42,6 +42,7 @@ from flax import nnx
 
 from attn_jax.attention._checks import check_min_rank, check_padding_mask, check_size, positive_int, shape_str
 from attn_jax.nn._params import unwrap, wrap
+from attn_jax.nn._remat import remat_scan_body
 from attn_jax.nn.recurrent import linear
 from attn_jax.typing import Array, Bool, Float, PRNGKeyArray
 
@@ -264,6 +265,7 @@ def lstm_scan(
     *,
     reverse: bool = False,
     dtype=None,
+    remat: str = "none",
 ) -> tuple[Float[Array, "... T n"], LSTMState]:
     r"""Run :func:`lstm_cell` over the time axis with ``jax.lax.scan``; masked steps carry the state unchanged.
 
@@ -280,6 +282,8 @@ def lstm_scan(
       state0: initial state, each ``[..., n]``; default zeros.
       reverse: scan backwards in time.
       dtype: matmul operand dtype.
+      remat: the ``jax.checkpoint`` policy of each step (``model.remat``, ``attn_jax.nn._remat``): the
+        backward pass then keeps each step's state and recomputes its gates; ``"none"`` keeps them all.
 
     Returns:
       ``(outputs [..., T, n], final state)``, float32; ``outputs[..., t, :]`` is ``h`` after step ``t`` (the
@@ -312,7 +316,7 @@ def lstm_scan(
 
     # Time to the front for the scan: [T, ..., 4, n] and [T, ...].
     xs = (jnp.moveaxis(x_proj, -3, 0), jnp.moveaxis(jnp.asarray(mask, bool), -1, 0))
-    final, outputs = jax.lax.scan(step, state0, xs, reverse=reverse)
+    final, outputs = jax.lax.scan(remat_scan_body(step, remat), state0, xs, reverse=reverse)
     return jnp.moveaxis(outputs, 0, -2), final
 
 
@@ -362,9 +366,12 @@ class LSTMCell(nnx.Module):
         state0: LSTMState | None = None,
         *,
         reverse: bool = False,
+        remat: str = "none",
     ) -> tuple[Float[Array, "... T n"], LSTMState]:
         """A whole sequence (see :func:`lstm_scan`)."""
-        return lstm_scan(unwrap(self.params), x_proj, mask, state0, reverse=reverse, dtype=self.dtype)
+        return lstm_scan(
+            unwrap(self.params), x_proj, mask, state0, reverse=reverse, dtype=self.dtype, remat=remat
+        )
 
 
 class LSTMStack(nnx.Module):

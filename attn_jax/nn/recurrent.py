@@ -40,6 +40,7 @@ from flax import nnx
 
 from attn_jax.attention._checks import check_min_rank, check_padding_mask, check_size, positive_int, shape_str
 from attn_jax.nn._params import unwrap, wrap
+from attn_jax.nn._remat import remat_scan_body
 from attn_jax.typing import Array, Bool, Float, PRNGKeyArray
 
 __all__ = [
@@ -206,6 +207,7 @@ def gru_scan(
     *,
     reverse: bool = False,
     dtype=None,
+    remat: str = "none",
 ) -> tuple[Float[Array, "... T n"], Float[Array, "... n"]]:
     r"""Run :func:`gru_cell` over the time axis with ``jax.lax.scan``; masked steps carry the state unchanged.
 
@@ -222,6 +224,8 @@ def gru_scan(
       h0: initial state ``[..., n]``; default zeros.
       reverse: scan backwards in time.
       dtype: matmul operand dtype.
+      remat: the ``jax.checkpoint`` policy of each step (``model.remat``, ``attn_jax.nn._remat``): the
+        backward pass then keeps each step's state and recomputes its gates; ``"none"`` keeps them all.
 
     Returns:
       ``(states [..., T, n], final [..., n])``, float32. ``states[..., i, :]`` is the state after step ``i``
@@ -256,7 +260,7 @@ def gru_scan(
 
     # Time to the front for the scan: [T, ..., 3, n] and [T, ...].
     xs = (jnp.moveaxis(x_proj, -3, 0), jnp.moveaxis(mask, -1, 0))
-    final, states = jax.lax.scan(step, h0, xs, reverse=reverse)
+    final, states = jax.lax.scan(remat_scan_body(step, remat), h0, xs, reverse=reverse)
     return jnp.moveaxis(states, 0, -2), final
 
 
@@ -380,9 +384,10 @@ class GRUCell(nnx.Module):
         h0: Float[Array, "... n"] | None = None,
         *,
         reverse: bool = False,
+        remat: str = "none",
     ) -> tuple[Float[Array, "... T n"], Float[Array, "... n"]]:
         """A whole sequence (see :func:`gru_scan`)."""
-        return gru_scan(unwrap(self.params), x_proj, mask, h0, reverse=reverse, dtype=self.dtype)
+        return gru_scan(unwrap(self.params), x_proj, mask, h0, reverse=reverse, dtype=self.dtype, remat=remat)
 
 
 class BidirectionalGRU(nnx.Module):
@@ -408,17 +413,18 @@ class BidirectionalGRU(nnx.Module):
         self.hidden = hidden
 
     def __call__(
-        self, x: Float[Array, "... S Din"], mask: Bool[Array, "... S"] | None = None
+        self, x: Float[Array, "... S Din"], mask: Bool[Array, "... S"] | None = None, *, remat: str = "none"
     ) -> tuple[Float[Array, "... S 2n"], tuple[Float[Array, "... n"], Float[Array, "... n"]]]:
-        """Annotations ``[..., S, 2n]`` (float32, exactly 0 at masked positions) and the final states.
+        """Annotations ``[..., S, 2n]`` (float32, exactly 0 at masked positions) and the final states;
+        ``remat`` checkpoints each step (see :func:`gru_scan`).
 
         Returns:
           ``(annotations, (forward_last, backward_first))``: ``forward_last`` is ``→h`` at each sentence's
           last real token, ``backward_first`` is ``←h_1``, the backward state at its first real token (what
           the RNNsearch decoder's ``s_0 = tanh(W_s ←h_1)`` reads).
         """
-        fwd, fwd_last = self.forward.scan(self.forward.project_inputs(x), mask)
-        bwd, bwd_first = self.backward.scan(self.backward.project_inputs(x), mask, reverse=True)
+        fwd, fwd_last = self.forward.scan(self.forward.project_inputs(x), mask, remat=remat)
+        bwd, bwd_first = self.backward.scan(self.backward.project_inputs(x), mask, reverse=True, remat=remat)
         annotations = jnp.concatenate([fwd, bwd], axis=-1)
         if mask is not None:
             # Carried states at padding would be a copy of a real annotation; zero them so nothing downstream
