@@ -71,6 +71,24 @@ def test_signals_set_the_request_and_handlers_come_back():
     assert {s: signal.getsignal(s) for s in before} == before
 
 
+def test_several_processes_stop_where_the_preemption_sync_point_says(monkeypatch):
+    # In a multi-process run JAX's preemption notifier keeps SIGTERM and picks one step for all processes;
+    # the request only asks it at each step.
+    import attn_jax.train._preempt as preempt
+
+    asked = []
+    monkeypatch.setattr(preempt.jax, "process_count", lambda: 2)
+    monkeypatch.setattr(
+        preempt.multihost_utils, "reached_preemption_sync_point", lambda step: asked.append(step) or step == 7
+    )
+    before = signal.getsignal(signal.SIGTERM)
+    with stop_requests() as request:
+        assert signal.getsignal(signal.SIGTERM) == before  # left to JAX's notifier
+        assert [request.due(step) for step in range(5, 9)] == [False, False, True, False]
+        assert request.signal_name == "SIGTERM"
+    assert asked == [5, 6, 7, 8]
+
+
 @pytest.mark.slow
 def test_sigterm_saves_exits_75_and_resume_is_exact(tmp_path):
     env = _env(tmp_path / "jax_cache")
