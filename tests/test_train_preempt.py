@@ -30,7 +30,7 @@ from attn_jax.train import (
 from attn_jax.train._preempt import stop_requests
 from tests.test_train_resume import CONFIGS, _env, _finished_steps, _run
 
-STEPS = 400
+STEPS = 160  # the signal comes at step 20 or later: enough left for it to land mid-run
 ARGS = [
     "--config",
     f"{CONFIGS / 'rnnsearch_cpu.py'}:smoke",
