@@ -5,7 +5,10 @@ sacreBLEU's own command, and 3,000 sentences stay small and quick. Screenshots g
 
 import json
 import os
+import re
 import shutil
+import subprocess
+import sys
 import time
 
 import numpy as np
@@ -222,6 +225,30 @@ def test_significance_equals_sacrebleus_own_test(page):
         base, other = scores[name]
         assert (sig[name]["a"], sig[name]["b"]) == (base.score, other.score)
         assert sig[name]["p"] == other.p_value and sig[name]["b_ci"] == pytest.approx(other.ci)
+
+
+def test_significance_equals_the_sacrebleu_command(page, tmp_path):
+    # The command reads the same sentences from files and prints its table as text: score (mean ± 95 % CI) per
+    # system and metric, then the p-values. Its rounding (one decimal, p to four) bounds the comparison.
+    path, runs = page
+    sig = _page_data(path)["significance"][0]["metrics"]
+    files = {}
+    for name, lines in (("ref", runs[0].references), ("a", runs[0].hypotheses), ("b", runs[1].hypotheses)):
+        files[name] = tmp_path / name
+        files[name].write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    sacrebleu = [sys.executable, "-m", "sacrebleu", str(files["ref"]), "-i", str(files["a"]), str(files["b"])]
+    args = ["-m", "bleu", "chrf", "ter", "--paired-bs", "--paired-bs-n", "200", "-f", "text"]
+    table = subprocess.run(sacrebleu + args, capture_output=True, text=True, check=True).stdout
+    cells = re.findall(r"([\d.]+) \(([\d.]+) ± ([\d.]+)\)", table)
+    p_values = [float(p) for p in re.findall(r"\(p = ([\d.]+)\)", table)]
+    assert len(cells) == 6 and len(p_values) == 3, table
+    for k, name in enumerate(("BLEU", "chrF2", "TER")):
+        (a, a_mean, _), (b, b_mean, b_ci) = cells[k], cells[3 + k]
+        got = sig[name]
+        assert [round(got[x], 1) for x in ("a", "a_mean", "b", "b_mean", "b_ci")] == pytest.approx(
+            [float(a), float(a_mean), float(b), float(b_mean), float(b_ci)], abs=0.051
+        ), name
+        assert round(got["p"], 4) == pytest.approx(p_values[k], abs=1e-4), name
 
 
 @pytest.mark.slow
