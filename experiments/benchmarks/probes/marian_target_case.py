@@ -38,15 +38,9 @@ vocab = json.load(open(HF + "/vocab.json"))
 pad = len(vocab) - 1
 order = marian_order(vocab, pad_id=pad, start_id=pad, eos_id=0, unk_id=1)
 ours = {m: i for i, m in enumerate(order) if i != 1}
-batch, k, steps, W = 32, 4, 32, r10.SOURCE_WIDTH
-rng = np.random.default_rng(10 + batch)
-lens = rng.integers(W // 2, W + 1, batch)
-ids = rng.integers(2, pad, (batch, W))
-ids[np.arange(batch), lens - 1] = 0
-mask = np.arange(W)[None, :] < lens[:, None]
-ids = np.where(mask, ids, pad)
-src = jnp.asarray(np.where(mask, np.vectorize(ours.get)(ids), 0), jnp.int32)
-jmask = jnp.asarray(mask)
+batch, k, steps = 32, 4, 32
+ids, lens, mask, src = r10.source_batch(np, batch, pad, ours)
+src, jmask = jnp.asarray(src, jnp.int32), jnp.asarray(mask)
 from attn_jax.decoding import beam_search  # noqa: E402
 
 

@@ -176,6 +176,21 @@ def _load_sides(ctx: Ctx, ctranslate2, transformers, hf_dir: str, run_dir: str, 
     )
 
 
+def source_batch(np, batch: int, pad: int, ours: dict[int, int]):
+    """Row 10's random sources of ``batch`` rows, seeded by the batch size.
+
+    Returns the Marian ids (padded with ``pad``, ``</s>`` ending each source), the lengths, the mask, and the
+    attn_jax ids from the Marian-to-attn_jax map ``ours`` (0 where padded).
+    """
+    rng = np.random.default_rng(10 + batch)
+    lens = rng.integers(SOURCE_WIDTH // 2, SOURCE_WIDTH + 1, batch)
+    ids = rng.integers(2, pad, (batch, SOURCE_WIDTH))  # Marian ids, no specials
+    ids[np.arange(batch), lens - 1] = 0  # </s> ends each source
+    mask = np.arange(SOURCE_WIDTH)[None, :] < lens[:, None]
+    ids = np.where(mask, ids, pad)
+    return ids, lens, mask, np.where(mask, np.vectorize(ours.get)(ids), 0)
+
+
 def _case(
     ctx: Ctx, sides: dict, batch: int, k: int, steps: int, threads: list[int]
 ) -> tuple[list[str], list[str]]:
@@ -183,14 +198,8 @@ def _case(
     from attn_jax.decoding import beam_search
 
     jax, jnp, np, torch = ctx.jax, ctx.jnp, ctx.np, ctx.torch
-    rng = np.random.default_rng(10 + batch)
-    lens = rng.integers(SOURCE_WIDTH // 2, SOURCE_WIDTH + 1, batch)
-    ids = rng.integers(2, sides["pad"], (batch, SOURCE_WIDTH))  # Marian ids, no specials
-    ids[np.arange(batch), lens - 1] = 0  # </s> ends each source
-    mask = np.arange(SOURCE_WIDTH)[None, :] < lens[:, None]
-    ids = np.where(mask, ids, sides["pad"])
-    ours = np.vectorize(sides["ours"].get)(ids)
-    src, jmask = jnp.asarray(np.where(mask, ours, 0), jnp.int32), jnp.asarray(mask)
+    ids, lens, mask, ours = source_batch(np, batch, sides["pad"], sides["ours"])
+    src, jmask = jnp.asarray(ours, jnp.int32), jnp.asarray(mask)
     tokens = [[sides["pieces"][i] for i in row[:n]] for row, n in zip(ids.tolist(), lens, strict=True)]
     usable = torch.get_num_threads()
     outputs = {}
