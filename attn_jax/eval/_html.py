@@ -19,6 +19,8 @@ from typing import Any
 
 import numpy as np
 
+from attn_jax.eval._bleu import LengthBucket
+
 __all__ = ["EvaluatedRun", "paired_bootstrap", "read_evaluated_run", "write_report_html"]
 
 # A weight is stored as round(255 w): the page shows it to within 1/510.
@@ -268,21 +270,16 @@ def _system_data(name: str, run: EvaluatedRun) -> dict[str, Any]:
 
 def _sentence_data(run: EvaluatedRun) -> dict[str, Any]:
     """Sources, references, source lengths (whitespace tokens, as evaluate buckets them) and bucket labels."""
-    buckets = run.evaluation["bleu_by_length"]["buckets"]
+    buckets = [
+        LengthBucket(b["low"], b["high"], b["bucket"]) for b in run.evaluation["bleu_by_length"]["buckets"]
+    ]
     lengths = [len(s.split()) for s in run.sources]
-
-    def bucket(n: int) -> int:
-        for k, b in enumerate(buckets):
-            if n >= b["low"] and (b["high"] is None or n < b["high"]):
-                return k
-        return -1
-
     return {
         "source": run.sources,
         "reference": run.references,
         "length": lengths,
-        "bucket": [bucket(n) for n in lengths],
-        "bucket_labels": [b["bucket"] for b in buckets],
+        "bucket": [next((k for k, b in enumerate(buckets) if n in b), -1) for n in lengths],
+        "bucket_labels": [b.label for b in buckets],
     }
 
 
