@@ -93,8 +93,7 @@ def host_allocator() -> HostAllocator:
 def tune_host_allocator() -> HostAllocator:
     """Apply the setting if it was not yet tried, and return :func:`host_allocator`'s answer.
 
-    ``import attn_jax`` already calls it, so a later call only returns that first answer. Kept for scripts
-    written before the setting became the default.
+    ``import attn_jax`` already calls it, so a later call only returns that first answer.
     """
     if _DONE:
         return _DONE[0]
