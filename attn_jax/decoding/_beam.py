@@ -32,7 +32,7 @@ from flax import nnx
 
 from attn_jax.decoding import _constrained
 from attn_jax.decoding._penalties import length_penalty, normalized_score
-from attn_jax.models.interface import check_source, gather_batch, initial_state, repeat_batch
+from attn_jax.models.interface import check_source, for_decoding, gather_batch, initial_state, repeat_batch
 from attn_jax.typing import Array, ArrayLike, Bool, Float, Int
 
 __all__ = ["BeamResult", "beam_search", "greedy_decode", "output_length"]
@@ -521,7 +521,7 @@ def _search(
 ):
     """The traced search; ``_search_jit`` caches one compilation per static configuration."""
     _TRACE_COUNT[0] += 1
-    models = [nnx.merge(g, s) for g, s in zip(graphdefs, states, strict=True)]
+    models = [for_decoding(nnx.merge(g, s)) for g, s in zip(graphdefs, states, strict=True)]
     batch, src_len = src.shape
     k = beam_size
 

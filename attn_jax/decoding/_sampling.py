@@ -29,7 +29,7 @@ from attn_jax.decoding._beam import (
     ensemble_step,
     output_length,
 )
-from attn_jax.models.interface import check_source, initial_state, repeat_batch
+from attn_jax.models.interface import check_source, for_decoding, initial_state, repeat_batch
 from attn_jax.typing import Array, ArrayLike, Bool, Float, Int
 
 __all__ = ["Sampling", "sample_decode"]
@@ -315,7 +315,7 @@ def _sample(
 ):
     """The traced sampler; ``_sample_jit`` caches one compilation per static configuration."""
     _TRACE_COUNT[0] += 1
-    models = [nnx.merge(g, s) for g, s in zip(graphdefs, states, strict=True)]
+    models = [for_decoding(nnx.merge(g, s)) for g, s in zip(graphdefs, states, strict=True)]
     batch, src_len = src.shape
     n = num_samples
     rows = batch * n

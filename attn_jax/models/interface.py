@@ -38,6 +38,7 @@ __all__ = [
     "Seq2SeqModel",
     "check_source",
     "check_tokens",
+    "for_decoding",
     "gather_batch",
     "initial_state",
     "repeat_batch",
@@ -122,6 +123,16 @@ def initial_state(model: Any, enc: EncoderOutput, length: int) -> Any:
     if "cache_length" in inspect.signature(model.init_decoder_state).parameters:
         return model.init_decoder_state(enc, cache_length=length)
     return model.init_decoder_state(enc)
+
+
+def for_decoding(model: Any) -> Any:
+    """``model`` as a decoding loop should step it: ``model.for_decoding()`` where the model defines one.
+
+    Call it inside the traced search, before the loop. The Transformer slices its stacked decoder weights there
+    once; other models are returned as they are.
+    """
+    prepare = getattr(model, "for_decoding", None)
+    return model if prepare is None else prepare()
 
 
 def repeat_batch(tree: Any, n: int) -> Any:

@@ -112,6 +112,7 @@ __all__ = [
     "TransformerConfig",
     "TransformerDecoderLayer",
     "TransformerDecoderState",
+    "TransformerDecoding",
     "TransformerEncoderLayer",
     "TransformerIntermediates",
     "transformer_base_config",
@@ -568,14 +569,12 @@ def _layer_params(layer: nnx.Module, names: tuple[str, ...]) -> dict:
     return {n: unwrap(getattr(layer, n)) for n in names if hasattr(layer, n)}
 
 
-def _scan_layers(stack: nnx.Module, body, carry, xs, unroll: bool = False, remat: str = "none"):
+def _scan_layers(stack: nnx.Module, body, carry, xs, remat: str = "none"):
     """``lax.scan`` of ``body(layer, carry, x)`` over the layers of ``stack``, whose parameters have a leading
     ``layers`` axis: one layer is traced and compiled, whatever the depth.
 
-    ``unroll=True`` traces every layer instead. Each layer's weights are then constant slices, which XLA
-    hoists out of an enclosing decoding loop rather than slicing them again at every step. ``remat`` names a
-    ``attn_jax.models.interface.REMAT_POLICIES`` entry: each layer is then a ``jax.checkpoint``, its activations recomputed in the
-    backward pass instead of kept.
+    ``remat`` names a ``attn_jax.models.interface.REMAT_POLICIES`` entry: each layer is then a
+    ``jax.checkpoint``, its activations recomputed in the backward pass instead of kept.
     """
     graphdef, state = nnx.split(stack)
 
@@ -585,7 +584,7 @@ def _scan_layers(stack: nnx.Module, body, carry, xs, unroll: bool = False, remat
 
     step = remat_layer(step, remat)
 
-    return jax.lax.scan(step, carry, (state, xs), unroll=unroll)
+    return jax.lax.scan(step, carry, (state, xs))
 
 
 class TransformerEncoderLayer(nnx.Module):
@@ -983,13 +982,35 @@ class Transformer(nnx.Module):
         zeros = jnp.zeros(shape, jnp.dtype(c.dtype))
         return TransformerDecoderState(keys=zeros, values=zeros, position=jnp.zeros((batch,), jnp.int32))
 
+    def decoder_layers(self) -> list[TransformerDecoderLayer]:
+        """The decoder's layers, one module each, sliced from the stacked parameters.
+
+        :meth:`decode_step` runs them one after another. A decoding loop calls :meth:`for_decoding` instead,
+        which slices them once before the loop: XLA keeps a slice of a loop-invariant weight inside a
+        ``while`` body, copying every weight at every step.
+        """
+        graphdef, state = nnx.split(self.decoder)
+        return [
+            nnx.merge(graphdef, layer_params(jax.tree.map(lambda a, i=i: a[i], state)))
+            for i in range(self.config.decoder_layers)
+        ]
+
+    def for_decoding(self) -> TransformerDecoding:
+        """This model with its decoder layers sliced once: call it before a decoding loop, step inside it."""
+        return TransformerDecoding(self, self.decoder_layers())
+
     def decode_step(
-        self, enc: EncoderOutput, state: TransformerDecoderState, prev_tokens: Int[Array, " B"]
+        self,
+        enc: EncoderOutput,
+        state: TransformerDecoderState,
+        prev_tokens: Int[Array, " B"],
+        layers: list[TransformerDecoderLayer] | None = None,
     ) -> tuple[Float[Array, "B V"], TransformerDecoderState, Float[Array, "B S"]]:
         """One target position from the cache: ``(logits [B, V] float32, new state, attention [B, S])``.
 
         The attention is the last decoder layer's cross-attention averaged over heads (what beam search and
-        the heatmaps use). Logits are NaN once ``state.position`` reaches the cache length.
+        the heatmaps use). Logits are NaN once ``state.position`` reaches the cache length. ``layers`` are
+        :meth:`decoder_layers`, sliced by the caller (see :meth:`for_decoding`); None slices them here.
         """
         c = self.config
         batch = enc.mask.shape[0]
@@ -1000,27 +1021,22 @@ class Transformer(nnx.Module):
                 f"state.keys has shape {list(state.keys.shape)}, expected [B, L_dec, G, C, K] = "
                 f"{[batch, c.decoder_layers, c.kv_heads, capacity, c.head_dim]}"
             )
+        layers = self.decoder_layers() if layers is None else layers
         pos = state.position  # [B]
         positions = self.tgt_positions[...] if self.tgt_positions is not None else None
         y = self._embed(self.tgt_embed[...], positions, prev_tokens[:, None], pos[:, None], None)  # [B, 1, D]
         cross_mask = key_padding_mask(enc.mask)[:, None]  # [B, 1, 1, S]
-
-        def layer(decoder_layer, carry, _):
-            # The whole cache rides in the carry, [B, L_dec, G, C, K] as the state holds it: each layer
-            # updates its own slots in place, instead of the cache being transposed, sliced and restacked.
-            y, i, cache = carry
-            kv = jax.lax.dynamic_index_in_dim(enc.keys, i, axis=1, keepdims=False)  # [B, 2, G, S, K]
-            y, w, cache = decoder_layer.step(y, kv, cache, i, pos, cross_mask)
-            return (y, i + 1, cache), jnp.mean(w[:, :, 0], axis=1)  # [B, S]
-
-        carry = (y, jnp.zeros((), jnp.int32), (state.keys, state.values))
-        (y, _, (keys, values)), weights = _scan_layers(self.decoder, layer, carry, None, unroll=True)
+        # The whole cache, [B, L_dec, G, C, K] as the state holds it, passes through every layer: each layer
+        # updates its own slots in place, instead of the cache being transposed, sliced and restacked.
+        cache = (state.keys, state.values)
+        for i, decoder_layer in enumerate(layers):
+            y, w, cache = decoder_layer.step(y, enc.keys[:, i], cache, i, pos, cross_mask)
         if self.decoder_norm is not None:
             y = _layer_norm(unwrap(self.decoder_norm), y, c.layer_norm_eps)
         logits = self._logits(y[:, 0])
         logits = jnp.where((pos < capacity)[:, None], logits, jnp.nan)  # past the cache: loudly wrong
-        new_state = TransformerDecoderState(keys=keys, values=values, position=pos + 1)
-        return logits, new_state, weights[-1]
+        new_state = TransformerDecoderState(keys=cache[0], values=cache[1], position=pos + 1)
+        return logits, new_state, jnp.mean(w[:, :, 0], axis=1)
 
     # ------------------------------------------------------------------------------------ teacher forcing
 
@@ -1081,6 +1097,26 @@ class Transformer(nnx.Module):
     ) -> Float[Array, "B Ld H T S"]:
         """Every decoder layer's cross-attention weights, all heads, float32 ``[B, L_dec, H, T, S]`` (heatmaps)."""
         return self.intermediates(src, src_mask, tgt_in).cross_attention
+
+
+class TransformerDecoding:
+    """A :class:`Transformer` prepared for a decoding loop: its decoder layers sliced once, outside the loop.
+
+    :meth:`decode_step` is the model's, run on these layers; every other attribute is the model's own. The
+    searches in ``attn_jax.decoding`` build one (``Transformer.for_decoding``) inside their traced function, so
+    the slices are loop-invariant values rather than copies made at every step.
+    """
+
+    def __init__(self, model: Transformer, layers: list[TransformerDecoderLayer]):
+        self.model = model
+        self.layers = layers
+
+    def decode_step(self, enc: EncoderOutput, state: TransformerDecoderState, prev_tokens: Int[Array, " B"]):
+        """:meth:`Transformer.decode_step` on the sliced layers."""
+        return self.model.decode_step(enc, state, prev_tokens, layers=self.layers)
+
+    def __getattr__(self, name: str):
+        return getattr(self.model, name)
 
 
 # -------------------------------------------------------------------------------------------- parameters
