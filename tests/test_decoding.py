@@ -18,6 +18,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from attn_jax.decoding import (
     _beam,
@@ -365,6 +367,28 @@ def test_row_candidates_equal_float64_log_softmax_top_words():
         others = [want_logp[b, j, w] for w in range(vocab) if w not in (PAD, BOS, EOS)]
         np.testing.assert_allclose(best_word[b, j], max(others), rtol=1e-6, atol=1e-6)
     assert word[1, 0, -1] == EOS and word[2, 0, 0] == PAD and logp[2, 0, 0] == -np.inf
+
+
+@pytest.mark.parametrize("chunk", [4, 7, 256])
+@given(data=st.data())
+@settings(max_examples=40, deadline=None)
+def test_two_stage_top_k_equals_a_stable_numpy_ranking(chunk, data):
+    """The search's two-stage top-k and row maximum against NumPy's stable ranking: ties to the lower id,
+    -inf words, a last block cut by the vocabulary, and axes narrow enough for the one-stage path."""
+    k = data.draw(st.integers(1, 6), label="k")
+    vocab = data.draw(st.integers(k, 300), label="vocab")
+    seed = data.draw(st.integers(0, 2**31 - 1), label="seed")
+    rng = np.random.default_rng(seed)
+    spread = data.draw(st.sampled_from([3, 12, 40]), label="spread")  # few values: many ties
+    x = rng.integers(-spread, spread + 1, size=(2, 3, vocab)).astype(np.float32)
+    x[rng.random(x.shape) < 0.2] = -np.inf
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(_beam, "_CHUNK", chunk)
+        x_max, vals, idx = _beam._max_and_top_k(jnp.asarray(x), k)
+    order = np.argsort(-x, axis=-1, kind="stable")[..., :k]
+    np.testing.assert_array_equal(np.asarray(idx), order)
+    np.testing.assert_array_equal(np.asarray(vals), np.take_along_axis(x, order, -1))
+    np.testing.assert_array_equal(np.asarray(x_max)[..., 0], x.max(-1))
 
 
 def test_logits_path_equals_the_log_softmax_path():

@@ -1033,8 +1033,10 @@ class Transformer(nnx.Module):
             y, w, cache = decoder_layer.step(y, enc.keys[:, i], cache, i, pos, cross_mask)
         if self.decoder_norm is not None:
             y = _layer_norm(unwrap(self.decoder_norm), y, c.layer_norm_eps)
+        # Past the cache: loudly wrong. NaN in y makes every logit of the row NaN, at the cost of a [B, D]
+        # select rather than a pass over the [B, V] logits.
+        y = jnp.where((pos < capacity)[:, None, None], y, jnp.nan)
         logits = self._logits(y[:, 0])
-        logits = jnp.where((pos < capacity)[:, None], logits, jnp.nan)  # past the cache: loudly wrong
         new_state = TransformerDecoderState(keys=cache[0], values=cache[1], position=pos + 1)
         return logits, new_state, jnp.mean(w[:, :, 0], axis=1)
 
