@@ -352,13 +352,18 @@ def run_train(args: argparse.Namespace) -> int:
         f"{jax.local_device_count()} local devices, {jax.device_count()} in all",
         flush=True,
     )
+    from attn_jax.train import REQUEUE_STATUS
+
     status = _train(args, joined)
-    if status != 0:  # its line is printed and the others are told; skip the runtime's exit barrier
+    # A failure's line is printed and the others are told: skip the runtime's exit barrier. A requeue is no
+    # failure: the preemption sync point stops every process after the same step, so all of them end here
+    # together, through the exit barrier, and none reports another as lost.
+    if status not in (0, REQUEUE_STATUS):
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(status)
     leaving(0)
-    return 0
+    return status
 
 
 def _train(args: argparse.Namespace, joined: bool) -> int:
