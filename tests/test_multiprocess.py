@@ -91,14 +91,14 @@ def _finish(proc: subprocess.Popen, timeout: float) -> tuple[int, str, str]:
     return proc.returncode, out, err
 
 
-def _pair(workdir, logs, name, *extra, heartbeat=30):
+def _pair(workdir, logs, name, *extra, heartbeat=30, cache=None):
     port = _free_port()
     return [
         _start(
             workdir,
             logs,
             f"{name}{i}",
-            _env(2),
+            _env(2, cache),
             "--coordinator",
             f"127.0.0.1:{port}",
             "--num-processes=2",

@@ -1,11 +1,14 @@
 """Save on preemption and the profiler trace.
 
 ``attn-jax train`` sent SIGTERM mid-run saves the step in flight, exits with 75 (requeue), and ``--resume``
-ends with the losses and bit-identical parameters of a run never interrupted. The signal handlers are checked
-in process (one signal saves, a second Ctrl-C interrupts, the old handlers come back), and
-``profile_steps`` writes a trace TensorBoard's profile plugin reads.
+ends with the losses and bit-identical parameters of a run never interrupted. With two processes, a signal to
+either one stops both after the same step, saved, and each says which process got which signal. The signal
+handlers are checked in process (one signal saves, a second Ctrl-C interrupts, the old handlers come back; with
+several processes, against a stand-in for JAX's preemption sync point), and ``profile_steps`` writes a trace
+TensorBoard's profile plugin reads.
 """
 
+import datetime
 import io
 import os
 import signal
@@ -28,6 +31,7 @@ from attn_jax.train import (
     train_and_evaluate,
 )
 from attn_jax.train._preempt import stop_requests
+from tests.test_multiprocess import _finish, _pair
 from tests.test_train_resume import CONFIGS, _env, _finished_steps, _run
 
 STEPS = 160  # the signal comes at step 20 or later: enough left for it to land mid-run
@@ -71,22 +75,69 @@ def test_signals_set_the_request_and_handlers_come_back():
     assert {s: signal.getsignal(s) for s in before} == before
 
 
-def test_several_processes_stop_where_the_preemption_sync_point_says(monkeypatch):
-    # In a multi-process run JAX's preemption notifier keeps SIGTERM and picks one step for all processes;
-    # the request only asks it at each step.
+class _Board:
+    """The coordination service's key-value store, as far as the stop request uses it."""
+
+    def __init__(self):
+        self.values = {}
+
+    def key_value_set(self, key, value, allow_overwrite=False):
+        assert allow_overwrite or key not in self.values
+        self.values[key] = value
+
+    def key_value_dir_get(self, directory):
+        return [(k, v) for k, v in self.values.items() if k.startswith(directory)]
+
+
+@pytest.fixture
+def two_processes(monkeypatch):
+    """This process as process 0 of 2, with JAX's sync point at step 7 and a key-value store of its own."""
     import attn_jax.train._preempt as preempt
 
-    asked = []
+    board, asked = _Board(), []
     monkeypatch.setattr(preempt.jax, "process_count", lambda: 2)
+    monkeypatch.setattr(preempt.jax, "process_index", lambda: 0)
+    monkeypatch.setattr(preempt, "_client", lambda: board)
     monkeypatch.setattr(
         preempt.multihost_utils, "reached_preemption_sync_point", lambda step: asked.append(step) or step == 7
     )
-    before = signal.getsignal(signal.SIGTERM)
+    return board, asked
+
+
+@pytest.mark.parametrize("number", [signal.SIGTERM, signal.SIGINT])
+def test_a_signalled_process_posts_the_notice_and_stops_at_the_sync_point(two_processes, number):
+    board, asked = two_processes
     with stop_requests() as request:
-        assert signal.getsignal(signal.SIGTERM) == before  # left to JAX's notifier
-        assert [request.due(step) for step in range(5, 9)] == [False, False, True, False]
-        assert request.signal_name == "SIGTERM"
-    assert asked == [5, 6, 7, 8]
+        assert [request.due(step) for step in (4, 5)] == [False, False] and board.values == {}
+        os.kill(os.getpid(), number)
+        assert [request.due(step) for step in range(6, 9)] == [False, True, False]
+        name = signal.Signals(number).name
+        assert board.values.pop("attn_jax/preemption/signalled/0") == name
+        assert set(board.values) == {"RECEIVED_PREEMPTION_NOTICE"}  # posted once, at step 6
+        # The value is the time of death, which absl parses as RFC 3339: now, so the protocol starts at once.
+        death = datetime.datetime.fromisoformat(board.values["RECEIVED_PREEMPTION_NOTICE"])
+        assert (
+            death.tzinfo is not None and abs(datetime.datetime.now(datetime.UTC) - death).total_seconds() < 60
+        )
+        assert str(request.preempted(7, "/ckpt")) == (
+            f"stopped by {name} at step 7: checkpoint 7 saved in /ckpt; continue with --resume"
+        )
+    assert asked == [4, 5, 6, 7, 8]
+
+
+def test_a_process_stopped_by_another_says_which_and_by_what(two_processes):
+    board, _ = two_processes
+    board.values["attn_jax/preemption/signalled/1"] = "SIGINT"  # what process 1 posts with its notice
+    with stop_requests() as request:
+        assert [request.due(step) for step in (6, 7)] == [False, True]
+        assert request.signal_name is None
+        error = request.preempted(7, "/ckpt")
+    assert error.peers == {1: "SIGINT"}
+    assert str(error) == (
+        "stopped at step 7, the step all processes agreed on, because process 1 got SIGINT: "
+        "checkpoint 7 saved in /ckpt; continue with --resume"
+    )
+    assert set(board.values) == {"attn_jax/preemption/signalled/1"}  # nothing posted from here
 
 
 @pytest.mark.slow
@@ -128,6 +179,78 @@ def test_sigterm_saves_exits_75_and_resume_is_exact(tmp_path):
     got, want = _train_losses(stopped), _train_losses(tmp_path / "straight")
     assert [r[0] for r in got] == [r[0] for r in want]
     assert [r for r in got if r[0] != spanning] == [r for r in want if r[0] != spanning]
+
+
+MP_STEPS = 14  # room for two stops, each at least 3 steps after the last, then a few steps more
+MP_ARGS = [
+    f"--config.num_train_steps={MP_STEPS}",
+    "--config.checkpoint_every=1000",  # as above: the checkpoints found are the signals'
+    "--config.data.eval_split=none",  # no validation programs to compile
+]
+MP_TIMEOUT = 300  # seconds per run: a hang fails, not blocks
+
+
+def _pair_stopped(workdir, logs, name, cache, after, number, target, *extra):
+    """Two processes training into ``workdir``; signal ``number`` to process ``target`` once process 0 has
+    logged step ``after``. Each process's ``(returncode, stdout, stderr)``."""
+    procs = _pair(workdir, logs, name, *MP_ARGS, *extra, cache=cache)
+    try:
+        deadline = time.monotonic() + MP_TIMEOUT
+        metrics = workdir / "metrics.jsonl"
+        while not (metrics.exists() and any(r["step"] >= after for r in read_metrics(metrics))):
+            assert all(p.poll() is None for p in procs), "a process ended before the signal"
+            assert time.monotonic() < deadline, f"no training record of step {after} after {MP_TIMEOUT} s"
+            time.sleep(0.01)
+        procs[target].send_signal(number)
+    finally:
+        results = [_finish(p, MP_TIMEOUT) for p in procs]
+    return results
+
+
+def _stopped_at(results, workdir, before: int, signalled: int, name: str) -> int:
+    """The step both processes stopped at (exit 75, one new checkpoint), each one's line checked."""
+    codes, errs = [r[0] for r in results], [r[2] for r in results]
+    assert codes == [REQUEUE_STATUS] * 2 and "train: error" not in "".join(errs), (
+        errs[0][-3000:] + errs[1][-3000:]
+    )
+    new = [s for s in _finished_steps(workdir) if s > before]
+    assert len(new) == 1 and new[0] < MP_STEPS, _finished_steps(workdir)
+    step = new[0]
+    saved = f"checkpoint {step} saved in {workdir / 'checkpoints'}; continue with --resume"
+    assert f"stopped by {name} at step {step}: {saved}" in errs[signalled], errs[signalled][-2000:]
+    other = errs[1 - signalled]
+    agreed = (
+        f"stopped at step {step}, the step all processes agreed on, because process {signalled} got {name}"
+    )
+    assert f"{agreed}: {saved}" in other, other[-2000:]
+    return step
+
+
+@pytest.mark.slow
+@pytest.mark.heavy  # four 2-process runs: ~2 minutes on 2 loaded cores; `make test-all` runs it
+def test_a_signal_to_one_of_two_processes_stops_both_at_one_step_and_resume_is_exact(tmp_path):
+    # Process 0 alone writes the compilation cache (JAX's rule); both processes of the later runs read it.
+    cache, straight, stopped = tmp_path / "jax_cache", tmp_path / "straight", tmp_path / "stopped"
+    results = [_finish(p, MP_TIMEOUT) for p in _pair(straight, tmp_path, "straight", *MP_ARGS, cache=cache)]
+    assert [r[0] for r in results] == [0, 0], results[0][2][-3000:] + results[1][2][-3000:]
+
+    # SIGTERM (a scheduler) to process 1, then SIGINT (Ctrl-C) to process 0, the coordinator.
+    first = _stopped_at(
+        _pair_stopped(stopped, tmp_path, "term", cache, 3, signal.SIGTERM, 1), stopped, 0, 1, "SIGTERM"
+    )
+    results = _pair_stopped(stopped, tmp_path, "int", cache, first + 3, signal.SIGINT, 0, "--resume")
+    assert f"resumed from step {first}" in results[0][1]
+    second = _stopped_at(results, stopped, first, 0, "SIGINT")
+
+    results = [
+        _finish(p, MP_TIMEOUT) for p in _pair(stopped, tmp_path, "end", *MP_ARGS, "--resume", cache=cache)
+    ]
+    assert [r[0] for r in results] == [0, 0], results[0][2][-3000:] + results[1][2][-3000:]
+    assert f"resumed from step {second}" in results[0][1]
+    a, b = load_checkpoint(straight), load_checkpoint(stopped)
+    assert a.step == b.step == MP_STEPS and a.data == b.data
+    for x, y in zip(jax.tree.leaves(a.state), jax.tree.leaves(b.state), strict=True):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))  # bit for bit
 
 
 def test_profile_steps_write_a_trace(tmp_path):

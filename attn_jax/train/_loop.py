@@ -99,7 +99,7 @@ from attn_jax.train._inputs import (
 )
 from attn_jax.train._lock import lock_run
 from attn_jax.train._metrics import MetricsLogger, format_duration
-from attn_jax.train._preempt import Preempted, StopRequest, stop_requests
+from attn_jax.train._preempt import StopRequest, stop_requests
 from attn_jax.train._sharded import (
     abstract_sharded_state,
     make_sharded_accumulation,
@@ -961,7 +961,7 @@ def _train(config, config_dict, place, inputs, ckpt, logger, latest, request: St
         overhead_s += time.monotonic() - tic
         if preempted:
             ckpt.wait()  # committed before the exit: the scheduler's kill may follow at once
-            raise Preempted(request.signal_name or "a signal", step, ckpt.directory)
+            raise request.preempted(step, ckpt.directory)
         if stop:
             logger.log(_stop_line(stopping, config, step))
             break
