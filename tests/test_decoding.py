@@ -287,7 +287,7 @@ def test_encoder_runs_once_per_sentence_and_search_compiles_once():
     before = _beam._TRACE_COUNT[0]
     first = beam_search(model, src, mask, beam_size=4, num_return=2, max_length=6)
     assert ENCODE_CALLS == [(3, 3)]  # once, on the B sentences, before tiling to B·K rows
-    assert set(STEP_ROWS) == {12}
+    assert STEP_ROWS[0] == 3 and set(STEP_ROWS[1:]) == {12}  # the first step on B rows, the loop's on B·K
     # A new batch of the same shape, and new α, β, ratio, offset and parameter values: no retracing.
     beam_search(
         model,

@@ -561,12 +561,14 @@ def _search(
     batch, src_len = src.shape
     k = beam_size
 
-    # The encoder and s_0 run once per sentence, then are tiled to the beam: rows b·K .. b·K + K - 1.
-    encs, dec0 = [], []
+    # The encoder, s_0 and the first step run once per sentence, then are tiled to the beam: rows
+    # b·K .. b·K + K - 1. The K hypotheses of a sentence are one until the first word is chosen.
+    encs1, dec0 = [], []
     for m in models:
         enc = m.encode(src, src_mask) if src_ext is None else m.encode(src, src_mask, src_ext)
-        dec0.append(repeat_batch(initial_state(m, enc, length), k))
-        encs.append(repeat_batch(enc, k))
+        dec0.append(initial_state(m, enc, length))
+        encs1.append(enc)
+    encs = [repeat_batch(enc, k) for enc in encs1]
 
     max_lp = length_penalty(limit, alpha)  # [B] the largest lp any finished hypothesis can reach
     # One model and no rule that rewrites the distribution: the search ranks a few candidates per row read off
@@ -693,15 +695,25 @@ def _search(
         log_probs = jnp.where(done[:, None], _NEG_INF, log_probs)
         return _Alive(tokens, log_probs, history, coverage, states, progress), fin
 
-    dec0 = tuple(dec0)
-    logp, new_states, attn = decode(dec0, jnp.full((batch * k,), bos_id, jnp.int32))
+    logp, new_states, attn = ensemble_step(
+        models,
+        encs1,
+        tuple(dec0),
+        jnp.full((batch,), bos_id, jnp.int32),
+        (batch, 1, src_len),
+        (bos_id, eos_id, pad_id),
+        raw=from_logits,
+    )
+    logp = jnp.broadcast_to(logp, (batch, k, logp.shape[-1]))
+    attn = None if attn is None else jnp.broadcast_to(attn, (batch, k, src_len))
+    new_states = repeat_batch(new_states, k)
     history = None if attn is None else jnp.zeros((batch, k, length, src_len), jnp.float32)
     coverage = None if attn is None else jnp.zeros((batch, k, src_len), jnp.float32)
     tokens = jnp.full((batch, k, length), pad_id, jnp.int32)
     # Only the first slot is live at the start, so the K beams do not all grow the same prefix.
     first = jnp.where(jnp.arange(k) == 0, 0.0, _NEG_INF)
     progress = None if cons is None else jnp.zeros((batch, k, cons.lengths.shape[1]), jnp.int32)
-    alive = _Alive(tokens, jnp.broadcast_to(first, (batch, k)), history, coverage, dec0, progress)
+    alive = _Alive(tokens, jnp.broadcast_to(first, (batch, k)), history, coverage, new_states, progress)
     fin = _Finished(
         tokens,
         jnp.zeros((batch, k), jnp.int32),
