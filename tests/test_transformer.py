@@ -8,6 +8,7 @@ are exercised by the jit-initialised overfitting and naming tests.
 """
 
 import functools
+import re
 
 import jax
 import jax.numpy as jnp
@@ -354,6 +355,60 @@ def test_decoding_past_the_cache_gives_nan_not_garbage():
     for i in range(SIZES["max_length"] + 1):
         logits, dec, _ = compiled.step(enc, dec, prev)
         assert bool(jnp.all(jnp.isfinite(logits))) == (i < SIZES["max_length"]), i
+
+
+def _while_bodies(hlo: str) -> list[str]:
+    """The text of every computation a ``while`` of the optimised HLO module ``hlo`` runs as its body."""
+    names = set(re.findall(r"body=%?([\w.\-]+)", hlo))
+    blocks = re.split(r"\n(?=%?[\w.\-]+ \()", hlo)
+    return [b for b in blocks if re.match(r"%?([\w.\-]+) \(", b) and re.match(r"%?([\w.\-]+)", b)[1] in names]
+
+
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="reads XLA:CPU's optimised HLO")
+def test_for_decoding_steps_like_the_model_with_stacked_weights_out_of_the_loop():
+    """``for_decoding`` slices the decoder layers once: its step equals the model's bit for bit, and a compiled
+    beam search carries per-layer weights into its loop, not the stacked ``[L_dec, D, H, K]`` ones that XLA
+    would slice (and copy) again at every step. A structural check of the compiled program, not a timing."""
+    cfg = config("post-sinusoidal-untied", dropout=0.0, encoder_layers=1)
+    model = Transformer(cfg, rngs=nnx.Rngs(0))
+    rng = np.random.default_rng(0)
+    src = jnp.asarray(rng.integers(3, VS, (B, S)), jnp.int32)
+    mask = jnp.ones((B, S), bool)
+    enc = model.encode(src, mask)
+    dec = model.init_decoder_state(enc)
+    prev = jnp.asarray(rng.integers(3, VT, (B,)), jnp.int32)
+    view = model.for_decoding()
+    assert view.config is model.config and len(view.layers) == SIZES["decoder_layers"]
+    got, want = view.decode_step(enc, dec, prev), model.decode_step(enc, dec, prev)
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        np.testing.assert_array_equal(a, b)
+
+    from attn_jax.decoding import _beam
+
+    graphdef, state = nnx.split(model)
+    hlo = (
+        _beam._search_jit.lower(
+            (graphdef,),
+            (state,),
+            src,
+            mask,
+            jnp.full((B,), 6, jnp.int32),
+            jnp.float32(0.6),
+            jnp.float32(0.0),
+            beam_size=2,
+            num_return=1,
+            length=6,
+            bos_id=1,
+            eos_id=2,
+            pad_id=0,
+        )
+        .compile()
+        .as_text()
+    )
+    stacked = f"f32[{SIZES['decoder_layers']},{D},{H},{K}]"
+    bodies = _while_bodies(hlo)
+    assert bodies, "no while loop found in the compiled search"
+    assert not [b for b in bodies if stacked in b], f"a decode loop carries the stacked weights {stacked}"
 
 
 def test_decoder_state_tiles_and_reorders_for_beams():

@@ -7,6 +7,9 @@ Beam search and greedy decoding (``attn_jax.decoding``) see a model only through
     logits, state, attn = model.decode_step(enc, state, prev_tokens)   # one target position, [B] -> [B, V]
     logits, attn = model(src, src_mask, tgt_in)            # teacher forcing, all positions (a scan inside)
 
+A model may also define ``for_decoding()``: the searches call it (through :func:`for_decoding`) before their loop
+and step what it returns, so work that does not change between steps is done once.
+
 Both ``EncoderOutput`` and the decoder states are pytrees (``NamedTuple``\\ s) whose every array leaf has the
 batch as its **leading** axis, so a beam search can tile them to ``B * beam`` rows with :func:`repeat_batch`
 and reorder hypotheses with :func:`gather_batch`, whatever the model. Optional fields are ``None`` (an empty
