@@ -13,13 +13,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from flax import nnx
 from jax.sharding import PartitionSpec as P
 
-from attn_jax.data import Batch
-from attn_jax.models import RNNConfig, TransformerConfig, build_model
+from attn_jax.models import RNNConfig, TransformerConfig
 from attn_jax.parallel import gathered_rules, make_mesh, rules_for, sharding_report
-from attn_jax.train import OptimizerConfig, StepConfig, TrainState, make_optimizer, train_step
+from attn_jax.train import OptimizerConfig, StepConfig, train_step
 from attn_jax.train._checkpoint import CheckpointManager
 from attn_jax.train._sharded import (
     abstract_sharded_state,
@@ -27,6 +25,7 @@ from attn_jax.train._sharded import (
     shard_train_state,
     train_state_shardings,
 )
+from tests import test_sharded_step as sharded_step
 from tests.tolerance import assert_close_f32
 
 D, FF, HEADS, LAYERS = 32, 48, 4, 2
@@ -54,28 +53,9 @@ def _host(tree):
 
 
 def _initial(model):
-    rng = np.random.default_rng(0)
-    abstract = nnx.eval_shape(lambda: build_model(model, rngs=nnx.Rngs(0)))
-    shapes = nnx.to_pure_dict(nnx.state(abstract, nnx.Param))
-    params = jax.tree.map(lambda s: rng.normal(0.0, 0.5, s.shape).astype(np.float32), shapes)
-    state = TrainState(
-        step=np.int32(0),
-        params=params,
-        opt_state=_host(make_optimizer(OPTIMIZER).init(params)),
-        rng=np.asarray(jax.random.key_data(jax.random.key(1))),
-    )
-    src_len = np.array([7, 3, 5, 1, 6, 7, 2, 4], np.int32)
-    tgt_len = np.array([6, 2, 4, 1, 6, 3, 5, 6], np.int32)
-    src_mask, tgt_mask = np.arange(S) < src_len[:, None], np.arange(T) < tgt_len[:, None]
-    batch = Batch(
-        src=np.where(src_mask, rng.integers(3, model.src_vocab, (B, S)), 0).astype(np.int32),
-        src_len=src_len,
-        tgt_in=np.where(tgt_mask, rng.integers(3, model.tgt_vocab, (B, T)), 0).astype(np.int32),
-        tgt_out=np.where(tgt_mask, rng.integers(3, model.tgt_vocab, (B, T)), 0).astype(np.int32),
-        tgt_len=tgt_len,
-        example_id=np.arange(B, dtype=np.int32),
-    )
-    return state, batch
+    """test_sharded_step's initial state and batch, with this file's optimizer; the sizes B, S, T agree."""
+    assert (B, S, T) == (sharded_step.B, sharded_step.S, sharded_step.T)
+    return sharded_step.initial_state_and_batch(model, OPTIMIZER)
 
 
 @pytest.fixture(scope="module")

@@ -52,17 +52,16 @@ def _host(tree):
     return jax.tree.map(np.array, tree)
 
 
-@pytest.fixture(scope="module")
-def initial():
-    """``(initial train state as host NumPy arrays, batch)``."""
+def initial_state_and_batch(model, optimizer: OptimizerConfig = OPTIMIZER):
+    """``(initial train state of ``model`` as host NumPy arrays, a batch [B, S] -> [B, T] of ragged lengths)``."""
     rng = np.random.default_rng(0)
-    abstract = nnx.eval_shape(lambda: build_model(MODEL, rngs=nnx.Rngs(0)))
+    abstract = nnx.eval_shape(lambda: build_model(model, rngs=nnx.Rngs(0)))
     shapes = nnx.to_pure_dict(nnx.state(abstract, nnx.Param))
     params = jax.tree.map(lambda s: rng.normal(0.0, 0.5, s.shape).astype(np.float32), shapes)
     state = TrainState(
         step=np.int32(0),
         params=params,
-        opt_state=_host(make_optimizer(OPTIMIZER).init(params)),
+        opt_state=_host(make_optimizer(optimizer).init(params)),
         rng=np.asarray(jax.random.key_data(jax.random.key(1))),
     )
     src_len = np.array([7, 3, 5, 1, 6, 7, 2, 4], np.int32)
@@ -70,14 +69,20 @@ def initial():
     src_mask = np.arange(S) < src_len[:, None]
     tgt_mask = np.arange(T) < tgt_len[:, None]
     batch = Batch(
-        src=np.where(src_mask, rng.integers(3, MODEL.src_vocab, (B, S)), 0).astype(np.int32),
+        src=np.where(src_mask, rng.integers(3, model.src_vocab, (B, S)), 0).astype(np.int32),
         src_len=src_len,
-        tgt_in=np.where(tgt_mask, rng.integers(3, MODEL.tgt_vocab, (B, T)), 0).astype(np.int32),
-        tgt_out=np.where(tgt_mask, rng.integers(3, MODEL.tgt_vocab, (B, T)), 0).astype(np.int32),
+        tgt_in=np.where(tgt_mask, rng.integers(3, model.tgt_vocab, (B, T)), 0).astype(np.int32),
+        tgt_out=np.where(tgt_mask, rng.integers(3, model.tgt_vocab, (B, T)), 0).astype(np.int32),
         tgt_len=tgt_len,
         example_id=np.arange(B, dtype=np.int32),
     )
     return state, batch
+
+
+@pytest.fixture(scope="module")
+def initial():
+    """``(initial train state as host NumPy arrays, batch)``."""
+    return initial_state_and_batch(MODEL)
 
 
 @pytest.fixture(scope="module")
