@@ -12,7 +12,7 @@ Rows, one module each in ``rows/`` (README.md says what each measures, why, and 
 2. plain vs chunked attention: compiled peak memory as ``L`` grows, the peak RSS growth of one executed call
    (fresh subprocesses), error and time of chunked vs plain;
 3. additive attention in a decoder ``lax.scan`` at the paper's sizes: naive autodiff vs the fused scorer;
-4. RNNsearch training throughput vs the same architecture in PyTorch (``torch_peers.py``), equal parameters;
+4. RNNsearch training throughput vs the same architecture in PyTorch (``torch_peers.py``, ``paper_peer.py``);
 5. beam-search decoding speed for beams 1, 4, 12 at batch 1 and 32 vs a PyTorch batched beam search at 1 and
    2 threads;
 6. compilations during a bucketed training run (must equal the number of batch shapes, not grow with steps);
