@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from attn_jax.models import RNNConfig, TransformerConfig
+from attn_jax.models import GNMTConfig, RNNConfig, TransformerConfig
 from attn_jax.parallel import gathered_rules, make_mesh, rules_for, sharding_report
 from attn_jax.train import OptimizerConfig, StepConfig, train_step
 from attn_jax.train._checkpoint import CheckpointManager
@@ -194,6 +194,27 @@ def test_fsdp_step_of_an_rnn_model_equals_the_single_device_step():
         shard_train_state(state, config, mesh, rules), batch
     )
     reduction = 2 * (S * 24 + T * 80) + B * T + model.tgt_vocab
+    assert_close_f32(_host(got.params), _host(want.params), reduction=reduction)
+
+
+def test_fsdp_step_of_gnmt_gathers_each_stacked_layer_and_equals_the_single_device_step():
+    """GNMT's uniform LSTM stacks run as a scan over layers: under fsdp each layer all-gathers its own slice
+    of the stacked weights ``[n, 4, n]``, never the whole ``[L, n, 4, n]`` stack, and the step is unchanged."""
+    model = GNMTConfig(
+        src_vocab=24, tgt_vocab=32, embed=16, hidden=16, align=16, encoder_layers=4, decoder_layers=4
+    )
+    config = StepConfig(model=model, optimizer=OPTIMIZER)
+    state, batch = _initial(model)
+    want, _ = train_step(jax.tree.map(jnp.array, state), batch, config)
+    mesh, rules = make_mesh(data=8), rules_for("fsdp")
+    sharded = shard_train_state(state, config, mesh, rules)
+    compiled = make_sharded_train_step(config, mesh, rules).lower(sharded, batch).compile()
+    got, _ = compiled(sharded, batch)
+    n, depth = model.hidden, model.encoder_stack_layers
+    gathered = _all_gather_shapes(compiled.as_text())
+    assert {(n, 4, n), (1, n, 4, n)} & gathered, sorted(gathered)
+    assert (depth, n, 4, n) not in gathered, sorted(gathered)
+    reduction = 2 * (S * 64 + T * 160) + B * T + model.tgt_vocab
     assert_close_f32(_host(got.params), _host(want.params), reduction=reduction)
 
 

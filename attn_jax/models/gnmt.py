@@ -63,7 +63,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from attn_jax.models.interface import EncoderOutput, check_remat, check_source, check_tokens
+from attn_jax.models.interface import EncoderOutput, check_remat, check_source, check_tokens, layer_params
 from attn_jax.models.presets import canonicalize_dtypes
 from attn_jax.nn._params import partitioned, unwrap
 from attn_jax.nn._remat import remat_scan_body
@@ -237,6 +237,9 @@ def _decoder_layer(params, state: LSTMState, inputs, *, dtype, residual: bool):
 def _stacked_scan(layer_fn, stacked_params, init_carry, xs, remat: str = "none"):
     """``lax.scan`` over layers of ``lax.scan`` over time: ``(top outputs [T, ...], final carries [L, ...])``.
 
+    ``stacked_params`` is a plain pytree or an ``nnx.State`` of ``nnx.Param``s (``LSTMStack.param_state``),
+    whose logical names let :func:`~attn_jax.models.interface.layer_params` gather each layer under fsdp.
+
     ``remat`` makes each layer and each of its time steps a ``jax.checkpoint``
     (:func:`~attn_jax.nn._remat.remat_scan_body`): the backward pass keeps the layer's input sequence,
     recomputes its time scan, and within that keeps one state per step.
@@ -244,6 +247,9 @@ def _stacked_scan(layer_fn, stacked_params, init_carry, xs, remat: str = "none")
 
     def one_layer(inputs, layer):
         params, carry = layer
+        params = layer_params(params)  # the ambient hook: under fsdp, this layer's weights gathered whole
+        if isinstance(params, nnx.State):
+            params = nnx.to_pure_dict(params)
         step = remat_scan_body(functools.partial(layer_fn, params), remat)
         carry, outputs = jax.lax.scan(step, carry, inputs)
         return outputs, carry
@@ -321,19 +327,19 @@ class GNMT(nnx.Module):
 
     # ------------------------------------------------------------------------------------------------ stacks
 
-    def _run_stack(self, layer_fn, stacked_params, init_carry, xs, *, pipeline: bool = True):
+    def _run_stack(self, layer_fn, stack: LSTMStack, init_carry, xs, *, pipeline: bool = True):
         """Every layer of a uniform stack over a time-major sequence: ``(ys [T, ...], final carries [L, ...])``.
 
         ``layer_fn(params_l, carry_l, x_t) -> (carry_l, y_t)`` is one layer at one position (``x_t``/``y_t``
-        pytrees); ``stacked_params`` and ``init_carry`` lead with the layer axis, ``xs`` with time. With
+        pytrees); ``stack``'s params and ``init_carry`` lead with the layer axis, ``xs`` with time. With
         ``config.pipeline_stages > 1`` (and ``pipeline``) the layers are pipelined over the ambient mesh's
         ``stage`` axis by ``attn_jax.parallel.pipelined_stack``; otherwise a scan over layers of a scan over time.
         """
         if pipeline and self.config.pipeline_stages > 1:
             from attn_jax.parallel import pipelined_stack  # lazy: only pipelined runs need parallel/
 
-            return pipelined_stack(layer_fn, stacked_params, init_carry, xs)
-        return _stacked_scan(layer_fn, stacked_params, init_carry, xs, remat=self.config.remat)
+            return pipelined_stack(layer_fn, stack.stacked(), init_carry, xs)
+        return _stacked_scan(layer_fn, stack.param_state(), init_carry, xs, remat=self.config.remat)
 
     # ----------------------------------------------------------------------------------------------- encoder
 
@@ -353,7 +359,7 @@ class GNMT(nnx.Module):
             xs = (jnp.moveaxis(x, 1, 0), jnp.moveaxis(src_mask, 1, 0))  # time-major [S, B, n], [S, B]
             layer_fn = functools.partial(_encoder_layer, dtype=self.config.dtype)
             init = zero_lstm_state((depth, batch), self.config.hidden)
-            (top, _), _ = self._run_stack(layer_fn, self.encoder_stack.stacked(), init, xs)
+            (top, _), _ = self._run_stack(layer_fn, self.encoder_stack, init, xs)
             x = jnp.moveaxis(top, 0, 1)  # [B, S, n]
         # Carried states at padding copy a real word's output; zero them so nothing can read a pad by accident.
         memory = jnp.where(src_mask[..., None], x, 0.0).astype(self.config.dtype)
@@ -407,9 +413,7 @@ class GNMT(nnx.Module):
         if self.decoder_stack is not None:
             fn = functools.partial(_decoder_layer, dtype=dtype, residual=True)
             init = jax.tree.map(lambda s: jnp.moveaxis(s, 1, 0), stack)  # [L, B, n]
-            (below, _), stack = self._run_stack(
-                fn, self.decoder_stack.stacked(), init, (below, ctx), pipeline=pipeline
-            )
+            (below, _), stack = self._run_stack(fn, self.decoder_stack, init, (below, ctx), pipeline=pipeline)
             stack = jax.tree.map(lambda s: jnp.moveaxis(s, 0, 1), stack)  # back to batch-leading [B, L, n]
         return below, tuple(new_plain), stack
 

@@ -407,3 +407,7 @@ class LSTMStack(nnx.Module):
     def stacked(self) -> dict[str, Array]:
         """The plain param pytree, every leaf ``[layers, ...]``."""
         return unwrap(self.params)
+
+    def param_state(self) -> nnx.State:
+        """The params as an ``nnx.State`` of ``nnx.Param``s, every leaf ``[layers, ...]`` with its logical names."""
+        return nnx.state(self, nnx.Param)["params"]
