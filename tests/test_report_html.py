@@ -4,6 +4,7 @@ sacreBLEU's own command, and 3,000 sentences stay small and quick. Screenshots g
 ``tests/artifacts/``."""
 
 import json
+import logging
 import os
 import re
 import shutil
@@ -15,6 +16,7 @@ import numpy as np
 import pytest
 
 from attn_jax import eval as ev
+from attn_jax.eval import _html
 from attn_jax.pipeline._attention_file import save_attention_arrays
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
@@ -270,3 +272,26 @@ def test_3000_sentences_small_and_quick(tmp_path, browser):
     )
     assert out["bytes"] < 20e6
     assert render_s < 3.0
+
+
+def test_sacrebleus_tokenised_text_warning_is_said_once(tmp_path, caplog):
+    """Tokenised outputs (sentences ending in " .") make sacreBLEU warn at every scoring of the bootstrap, three
+    lines each time; the report says it once, with the count, and lets every other sacreBLEU record through."""
+    n = 120
+    sources = [f"w{i % 7} w{i % 5} ." for i in range(n)]
+    refs = [s.upper() for s in sources]
+    hyps = [r.replace("W1", "X") for r in refs]
+    runs = [
+        ev.read_evaluated_run(fake_evaluation(str(tmp_path / name), name, sources, refs, h, seed=1))
+        for name, h in (("A", hyps), ("B", refs), ("C", hyps[::-1]))
+    ]
+    caplog.clear()  # building the fake runs scores them too
+    with caplog.at_level(logging.WARNING, logger="sacrebleu"):
+        ev.write_report_html(runs, tmp_path / "report.html", bootstrap_samples=20)
+    messages = [r.getMessage() for r in caplog.records if r.name == "sacrebleu"]
+    assert not [m for m in messages if "forgot to detokenize" in m], messages
+    once = [m for m in messages if "tokenized period" in m]
+    assert len(once) == 1 and once[0].startswith("sacreBLEU warned 6 times"), messages
+    # The filter holds back only those three lines.
+    other = logging.LogRecord("sacrebleu", logging.WARNING, __file__, 0, "BLEU: effective order", None, None)
+    assert _html._TokenisedWarning().filter(other)

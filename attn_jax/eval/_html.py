@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import dataclasses
 import json
+import logging
 import os
 import zlib
 from collections.abc import Sequence
@@ -149,6 +150,27 @@ def paired_bootstrap(
     return out
 
 
+class _TokenisedWarning(logging.Filter):
+    """Holds back sacreBLEU's three-line "forgot to detokenize" warning and counts it, so a report says it once.
+
+    The paired bootstrap scores every pair of systems, and sacreBLEU repeats the warning at each scoring.
+    Every other sacreBLEU record passes.
+    """
+
+    _LINES = ("tokenized period", "forgot to detokenize", "suppress this message with the `force` parameter")
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if not any(line in message for line in self._LINES):
+            return True
+        self.count += self._LINES[0] in message
+        return False
+
+
 def write_report_html(
     runs: Sequence[EvaluatedRun],
     path: str | os.PathLike,
@@ -182,22 +204,33 @@ def write_report_html(
         "sentences": _sentence_data(first),
         "significance": [],
     }
-    for i in range(len(runs)):
-        for j in range(i + 1, len(runs)):
-            a, b = runs[i], runs[j]
-            data["significance"].append(
-                {
-                    "a": names[i],
-                    "b": names[j],
-                    "metrics": paired_bootstrap(
-                        a.scored_references,
-                        (names[i], a.scored_hypotheses),
-                        (names[j], b.scored_hypotheses),
-                        tokenize=a.tokenize,
-                        n_samples=bootstrap_samples,
-                    ),
-                }
-            )
+    held = _TokenisedWarning()
+    sacrebleu_log = logging.getLogger("sacrebleu")
+    sacrebleu_log.addFilter(held)
+    try:
+        for i in range(len(runs)):
+            for j in range(i + 1, len(runs)):
+                a, b = runs[i], runs[j]
+                data["significance"].append(
+                    {
+                        "a": names[i],
+                        "b": names[j],
+                        "metrics": paired_bootstrap(
+                            a.scored_references,
+                            (names[i], a.scored_hypotheses),
+                            (names[j], b.scored_hypotheses),
+                            tokenize=a.tokenize,
+                            n_samples=bootstrap_samples,
+                        ),
+                    }
+                )
+    finally:
+        sacrebleu_log.removeFilter(held)
+    if held.count:
+        sacrebleu_log.warning(
+            f"sacreBLEU warned {held.count} times that 100 or more hypotheses end in a tokenized period ('.'): "
+            "the outputs look tokenized; the page scores them as evaluate did (its --detokenize option)"
+        )
     from attn_jax.eval._html_page import PAGE
 
     payload = json.dumps(data, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
