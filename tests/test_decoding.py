@@ -309,6 +309,27 @@ def test_encoder_runs_once_per_sentence_and_search_compiles_once():
     assert first.tokens.shape == (3, 2, 6)
 
 
+def compiled_search_hlo(graphdef, state, src, mask, *, beam_size: int, length: int = 6) -> str:
+    """The optimised HLO text of one model's beam search over ``src`` (α 0.6, β 0, limit ``length``)."""
+    batch = src.shape[0]
+    lowered = _beam._search_jit.lower(
+        (graphdef,),
+        (state,),
+        src,
+        mask,
+        jnp.full((batch,), length, jnp.int32),
+        jnp.float32(0.6),
+        jnp.float32(0.0),
+        beam_size=beam_size,
+        num_return=1,
+        length=length,
+        bos_id=1,
+        eos_id=2,
+        pad_id=0,
+    )
+    return lowered.compile().as_text()
+
+
 @pytest.mark.skipif(jax.default_backend() != "cpu", reason="checks XLA:CPU's lowering of top_k")
 def test_compiled_search_selects_with_topk_not_a_full_sort():
     """The per-step selection over the K·V extensions must compile to XLA's TopK kernel: when a second slice
@@ -317,25 +338,7 @@ def test_compiled_search_selects_with_topk_not_a_full_sort():
     cfg = RNNConfig(src_vocab=50, tgt_vocab=300, embed=8, hidden=8, maxout=4, align=8)
     graphdef, state = nnx.split(build_model(cfg, rngs=nnx.Rngs(0)))
     src, mask = jnp.ones((2, 5), jnp.int32), jnp.ones((2, 5), bool)
-    hlo = (
-        _beam._search_jit.lower(
-            (graphdef,),
-            (state,),
-            src,
-            mask,
-            jnp.full((2,), 6, jnp.int32),
-            jnp.float32(0.6),
-            jnp.float32(0.0),
-            beam_size=4,
-            num_return=1,
-            length=6,
-            bos_id=1,
-            eos_id=2,
-            pad_id=0,
-        )
-        .compile()
-        .as_text()
-    )
+    hlo = compiled_search_hlo(graphdef, state, src, mask, beam_size=4)
     sorts = [line for line in hlo.splitlines() if " sort(" in line]
     assert not sorts, f"the search sorts instead of using TopK: {sorts[0].strip()[:200]}"
     assert "TopK" in hlo

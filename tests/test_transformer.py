@@ -383,28 +383,9 @@ def test_for_decoding_steps_like_the_model_with_stacked_weights_out_of_the_loop(
     for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
         np.testing.assert_array_equal(a, b)
 
-    from attn_jax.decoding import _beam
+    from tests.test_decoding import compiled_search_hlo
 
-    graphdef, state = nnx.split(model)
-    hlo = (
-        _beam._search_jit.lower(
-            (graphdef,),
-            (state,),
-            src,
-            mask,
-            jnp.full((B,), 6, jnp.int32),
-            jnp.float32(0.6),
-            jnp.float32(0.0),
-            beam_size=2,
-            num_return=1,
-            length=6,
-            bos_id=1,
-            eos_id=2,
-            pad_id=0,
-        )
-        .compile()
-        .as_text()
-    )
+    hlo = compiled_search_hlo(*nnx.split(model), src, mask, beam_size=2)
     stacked = f"f32[{SIZES['decoder_layers']},{D},{H},{K}]"
     bodies = _while_bodies(hlo)
     assert bodies, "no while loop found in the compiled search"
