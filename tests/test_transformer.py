@@ -26,6 +26,7 @@ from attn_jax.models.transformer import (
     Transformer,
     TransformerConfig,
     TransformerDecoderState,
+    TransformerDecodingState,
     _dropout,
     _self_attention,
     transformer_base_config,
@@ -365,31 +366,53 @@ def _while_bodies(hlo: str) -> list[str]:
 
 
 @pytest.mark.skipif(jax.default_backend() != "cpu", reason="reads XLA:CPU's optimised HLO")
-def test_for_decoding_steps_like_the_model_with_stacked_weights_out_of_the_loop():
-    """``for_decoding`` slices the decoder layers once: its step equals the model's bit for bit, and a compiled
-    beam search carries per-layer weights into its loop, not the stacked ``[L_dec, D, H, K]`` ones that XLA
-    would slice (and copy) again at every step. A structural check of the compiled program, not a timing."""
+def test_for_decoding_steps_like_the_model_with_stacked_arrays_out_of_the_loop():
+    """``for_decoding`` slices the decoder layers and splits the caches per layer once: its steps equal the
+    model's bit for bit, and a compiled beam search carries per-layer weights and caches into its loop, not the
+    stacked ``[L_dec, D, H, K]`` weights or ``[B·K, L_dec, G, C, K]`` cache that XLA would slice (and copy)
+    again at every step. A structural check of the compiled program, not a timing."""
     cfg = config("post-sinusoidal-untied", dropout=0.0, encoder_layers=1)
     model = Transformer(cfg, rngs=nnx.Rngs(0))
     rng = np.random.default_rng(0)
     src = jnp.asarray(rng.integers(3, VS, (B, S)), jnp.int32)
-    mask = jnp.ones((B, S), bool)
+    mask = jnp.asarray(np.arange(S)[None, :] < rng.integers(2, S + 1, (B, 1)))
     enc = model.encode(src, mask)
     dec = model.init_decoder_state(enc)
-    prev = jnp.asarray(rng.integers(3, VT, (B,)), jnp.int32)
     view = model.for_decoding()
     assert view.config is model.config and len(view.layers) == SIZES["decoder_layers"]
-    got, want = view.decode_step(enc, dec, prev), model.decode_step(enc, dec, prev)
-    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
-        np.testing.assert_array_equal(a, b)
+    enc_v = view.encode(src, mask)
+    dec_v = view.init_decoder_state(enc_v)
+    assert isinstance(dec_v, TransformerDecodingState) and len(dec_v.keys) == SIZES["decoder_layers"]
+    for _ in range(3):  # three positions, so each step reads what the one before wrote
+        prev = jnp.asarray(rng.integers(3, VT, (B,)), jnp.int32)
+        (got, dec_v, got_attn), (want, dec, want_attn) = (
+            view.decode_step(enc_v, dec_v, prev),
+            model.decode_step(enc, dec, prev),
+        )
+        np.testing.assert_array_equal(got, want)
+        np.testing.assert_array_equal(got_attn, want_attn)
+        np.testing.assert_array_equal(jnp.stack(dec_v.keys, axis=1), dec.keys)
+        np.testing.assert_array_equal(jnp.stack(dec_v.values, axis=1), dec.values)
+        np.testing.assert_array_equal(dec_v.position, dec.position)
 
     from tests.test_decoding import compiled_search_hlo
 
-    hlo = compiled_search_hlo(*nnx.split(model), src, mask, beam_size=2)
+    beam, length = 2, 6
+    hlo = compiled_search_hlo(*nnx.split(model), src, mask, beam_size=beam, length=length)
     stacked = f"f32[{SIZES['decoder_layers']},{D},{H},{K}]"
+    cache = f"f32[{B * beam},{SIZES['decoder_layers']},{H},{length},{K}]"
     bodies = _while_bodies(hlo)
     assert bodies, "no while loop found in the compiled search"
     assert not [b for b in bodies if stacked in b], f"a decode loop carries the stacked weights {stacked}"
+    assert not [b for b in bodies if cache in b], f"a decode loop carries the stacked cache {cache}"
+    per_layer = f"f32[{B * beam},{H},{length},{K}]"
+    assert [b for b in bodies if per_layer in b], f"no decode loop carries a per-layer cache {per_layer}"
+    # Nor does a step transpose a loop-invariant [D, H, K] projection kernel into another layout.
+    blocks = {re.match(r"%?([\w.\-]+)", b)[1]: b for b in re.split(r"\n(?=%?[\w.\-]+ \()", hlo)}
+    called = {name for b in bodies for name in re.findall(r"calls=%?([\w.\-]+)", b)}
+    kernel = f"f32[{D},{H},{K}]"
+    moved = [n for n in called if kernel in blocks.get(n, "") and "transpose(" in blocks.get(n, "")]
+    assert not moved, f"a decode step transposes a {kernel} kernel: {moved}"
 
 
 def test_decoder_state_tiles_and_reorders_for_beams():

@@ -55,7 +55,9 @@ position, writes its key/value into slot ``t`` and attends the buffer under the 
 earlier position is recomputed: a step costs the projections of one position plus ``O(C·d)`` of masked
 attention per layer (static shapes for ``jit``), instead of re-running the decoder over the whole prefix. Decoding past ``C`` positions cannot be right, so it returns NaN
 logits rather than silently reusing a slot; size ``cache_length`` (or ``max_length``) to at least the
-decoder's output length (``attn_jax.decoding.output_length``).
+decoder's output length (``attn_jax.decoding.output_length``). A decoding loop steps
+:meth:`Transformer.for_decoding`'s form, which keeps one cache array per layer: inside a ``while`` loop,
+slicing a layer out of the stacked buffer copies it at every step.
 """
 
 from __future__ import annotations
@@ -112,6 +114,7 @@ __all__ = [
     "TransformerConfig",
     "TransformerDecoderLayer",
     "TransformerDecoderState",
+    "TransformerDecodingState",
     "TransformerDecoding",
     "TransformerEncoderLayer",
     "TransformerIntermediates",
@@ -444,6 +447,21 @@ def _attend_heads(
     return project_output(p_out, ctx), weights
 
 
+def _project_step(p: dict, x: Float[Array, "B 1 D"]) -> Float[Array, "B H 1 K"]:
+    """``project_heads`` of one position as a plain ``[B, D] × [D, H·K]`` product, float32 accumulation.
+
+    XLA computes ``project_heads``' ``[B, H, T, K]`` output from the kernel transposed to ``[H, K, D]``. Inside
+    a decoding loop it transposes the loop-invariant kernel again at every step. This form needs no transpose.
+    """
+    kernel = p["kernel"]
+    d, heads, k = kernel.shape
+    dtype = x.dtype
+    y = jnp.dot(x[:, 0], kernel.reshape(d, heads * k).astype(dtype), preferred_element_type=jnp.float32)
+    if "bias" in p:
+        y = y + p["bias"].astype(jnp.float32).reshape(heads * k)
+    return y.reshape(x.shape[0], heads, 1, k).astype(dtype)
+
+
 class _Relative(NamedTuple):
     """One self-attention layer's relative tables ``[2k + 1, K]`` and the rows index ``[..., T, S]``."""
 
@@ -726,29 +744,28 @@ class TransformerDecoderLayer(nnx.Module):
             )
             return out[0], None
 
-        y, weights, _ = self._sublayers(p, y, self_attention, kv, cross_mask, keep)
+        y, weights, _ = self._sublayers(p, y, self_attention, (kv[:, 0], kv[:, 1]), cross_mask, keep)
         return y, weights
 
     def step(
         self,
         y: Float[Array, "B 1 D"],
-        kv: Float[Array, "B 2 G S K"],
-        cache: tuple[Float[Array, "B Ld G C K"], Float[Array, "B Ld G C K"]],
-        layer: Int[Array, ""],
+        kv: tuple[Float[Array, "B G S K"], Float[Array, "B G S K"]],
+        cache: tuple[Float[Array, "B G C K"], Float[Array, "B G C K"]],
         position: Int[Array, " B"],
         cross_mask: Bool[Array, "B 1 1 S"],
     ):
         """One target position ``t`` from the cache: ``(y, cross-attention weights [B, H, 1, S], new cache)``.
 
-        ``cache`` holds every decoder layer's keys and values; this layer is number ``layer``. The new
-        position's key and value are scattered into slot ``t`` of that layer, one row each, so a step writes
-        ``B`` slots rather than the whole cache. The query attends slots ``0..t``: teacher forcing's row ``t``,
-        without recomputing earlier positions. A position past the cache writes nothing.
+        ``kv`` is this layer's cross-attention keys and values, ``cache`` its self-attention ones. The new position's key and value are scattered into slot
+        ``t``, one row each, so a step writes ``B`` slots rather than the whole cache. The query attends slots
+        ``0..t``: teacher forcing's row ``t``, without recomputing earlier positions. A position past the
+        cache writes nothing.
         """
         c = self.config
         p = _layer_params(self, self._NAMES)
         cache_k, cache_v = cache
-        capacity = cache_k.shape[3]
+        capacity = cache_k.shape[2]
         rows = jnp.arange(position.shape[0])
         visible = make_padding_mask(position + 1, capacity)[:, None, None, :]  # [B, 1, 1, C]: keys j <= t
         # query position t over cache slots 0..C-1: teacher forcing's row t (masked slots get weight 0)
@@ -756,27 +773,26 @@ class TransformerDecoderLayer(nnx.Module):
         pa = p["self_attention"]
 
         def self_attention(h):
-            q, k, v = (project_heads(pa[n], h) for n in _QKV)  # [B, H, 1, K], [B, G, 1, K], [B, G, 1, K]
+            q, k, v = (_project_step(pa[n], h) for n in _QKV)  # [B, H, 1, K], [B, G, 1, K], [B, G, 1, K]
             if c.positions == "rope":
                 q = rotary_embedding(q, position[:, None, None])
                 k = rotary_embedding(k, position[:, None, None])
-            new_k = cache_k.at[rows, layer, :, position].set(k[:, :, 0].astype(cache_k.dtype), mode="drop")
-            new_v = cache_v.at[rows, layer, :, position].set(v[:, :, 0].astype(cache_v.dtype), mode="drop")
-            keys = jax.lax.dynamic_index_in_dim(new_k, layer, axis=1, keepdims=False)  # [B, G, C, K]
-            values = jax.lax.dynamic_index_in_dim(new_v, layer, axis=1, keepdims=False)
+            keys = cache_k.at[rows, :, position].set(k[:, :, 0].astype(cache_k.dtype), mode="drop")
+            values = cache_v.at[rows, :, position].set(v[:, :, 0].astype(cache_v.dtype), mode="drop")
             out, _ = _attend_heads(pa["out"], q, keys, values, visible, positional, c.normalizer)
-            return out, (new_k, new_v)
+            return out, (keys, values)
 
-        return self._sublayers(p, y, self_attention, kv, cross_mask, None)
+        return self._sublayers(p, y, self_attention, kv, cross_mask, None, project=_project_step)
 
-    def _sublayers(self, p, y, self_attention, kv, cross_mask, keep):
-        """Self-attention (``self_attention(h) -> (out, aux)``), cross-attention, FFN: ``(y, weights, aux)``."""
+    def _sublayers(self, p, y, self_attention, kv, cross_mask, keep, project=project_heads):
+        """Self-attention (``self_attention(h) -> (out, aux)``), cross-attention on ``kv`` (keys, values, each
+        ``[B, G, S, K]``), FFN: ``(y, weights, aux)``. ``project`` computes the cross-attention's queries."""
         c = self.config
 
         def cross_attention(h):
-            q = project_heads(p["cross_attention"]["query"], h)  # [B, H, T, K]
+            q = project(p["cross_attention"]["query"], h)  # [B, H, T, K]
             return _attend_heads(
-                p["cross_attention"]["out"], q, kv[:, 0], kv[:, 1], cross_mask, normalizer=c.normalizer
+                p["cross_attention"]["out"], q, kv[0], kv[1], cross_mask, normalizer=c.normalizer
             )
 
         def ffn(h):
@@ -1004,41 +1020,49 @@ class Transformer(nnx.Module):
         enc: EncoderOutput,
         state: TransformerDecoderState,
         prev_tokens: Int[Array, " B"],
-        layers: list[TransformerDecoderLayer] | None = None,
     ) -> tuple[Float[Array, "B V"], TransformerDecoderState, Float[Array, "B S"]]:
         """One target position from the cache: ``(logits [B, V] float32, new state, attention [B, S])``.
 
         The attention is the last decoder layer's cross-attention averaged over heads (what beam search and
-        the heatmaps use). Logits are NaN once ``state.position`` reaches the cache length. ``layers`` are
-        :meth:`decoder_layers`, sliced by the caller (see :meth:`for_decoding`); None slices them here.
+        the heatmaps use). Logits are NaN once ``state.position`` reaches the cache length. A decoding loop
+        steps :meth:`for_decoding`'s form instead, which holds each layer's cache as its own array.
         """
         c = self.config
         batch = enc.mask.shape[0]
-        check_tokens("prev_tokens", prev_tokens, batch, rank=1)
         capacity = state.keys.shape[3]
         if state.keys.shape != (batch, c.decoder_layers, c.kv_heads, capacity, c.head_dim):
             raise ValueError(
                 f"state.keys has shape {list(state.keys.shape)}, expected [B, L_dec, G, C, K] = "
                 f"{[batch, c.decoder_layers, c.kv_heads, capacity, c.head_dim]}"
             )
-        layers = self.decoder_layers() if layers is None else layers
-        pos = state.position  # [B]
+        n = c.decoder_layers
+        kv = tuple((enc.keys[:, i, 0], enc.keys[:, i, 1]) for i in range(n))
+        caches = tuple((state.keys[:, i], state.values[:, i]) for i in range(n))
+        logits, caches, attn = self._step(
+            self.decoder_layers(), kv, caches, enc.mask, state.position, prev_tokens
+        )
+        keys, values = (jnp.stack([kv_i[j] for kv_i in caches], axis=1) for j in (0, 1))
+        return logits, TransformerDecoderState(keys, values, state.position + 1), attn
+
+    def _step(self, layers, kv, caches, src_mask, pos, prev_tokens):
+        """One position through ``layers``, each with its cross keys/values ``kv[i]`` and cache ``caches[i]``:
+        ``(logits [B, V], new caches, last layer's head-averaged cross-attention [B, S])``."""
+        c = self.config
+        check_tokens("prev_tokens", prev_tokens, src_mask.shape[0], rank=1)
+        capacity = caches[0][0].shape[2]
         positions = self.tgt_positions[...] if self.tgt_positions is not None else None
         y = self._embed(self.tgt_embed[...], positions, prev_tokens[:, None], pos[:, None], None)  # [B, 1, D]
-        cross_mask = key_padding_mask(enc.mask)[:, None]  # [B, 1, 1, S]
-        # The whole cache, [B, L_dec, G, C, K] as the state holds it, passes through every layer: each layer
-        # updates its own slots in place, instead of the cache being transposed, sliced and restacked.
-        cache = (state.keys, state.values)
-        for i, decoder_layer in enumerate(layers):
-            y, w, cache = decoder_layer.step(y, enc.keys[:, i], cache, i, pos, cross_mask)
+        cross_mask = key_padding_mask(src_mask)[:, None]  # [B, 1, 1, S]
+        new = []
+        for decoder_layer, kv_i, cache in zip(layers, kv, caches, strict=True):
+            y, w, cache = decoder_layer.step(y, kv_i, cache, pos, cross_mask)
+            new.append(cache)
         if self.decoder_norm is not None:
             y = _layer_norm(unwrap(self.decoder_norm), y, c.layer_norm_eps)
         # Past the cache: loudly wrong. NaN in y makes every logit of the row NaN, at the cost of a [B, D]
         # select rather than a pass over the [B, V] logits.
         y = jnp.where((pos < capacity)[:, None, None], y, jnp.nan)
-        logits = self._logits(y[:, 0])
-        new_state = TransformerDecoderState(keys=cache[0], values=cache[1], position=pos + 1)
-        return logits, new_state, jnp.mean(w[:, :, 0], axis=1)
+        return self._logits(y[:, 0]), tuple(new), jnp.mean(w[:, :, 0], axis=1)
 
     # ------------------------------------------------------------------------------------ teacher forcing
 
@@ -1101,21 +1125,64 @@ class Transformer(nnx.Module):
         return self.intermediates(src, src_mask, tgt_in).cross_attention
 
 
-class TransformerDecoding:
-    """A :class:`Transformer` prepared for a decoding loop: its decoder layers sliced once, outside the loop.
+class TransformerDecodingState(NamedTuple):
+    """:class:`TransformerDecoding`'s decoder state: every decoder layer's cache as its own array.
 
-    :meth:`decode_step` is the model's, run on these layers; every other attribute is the model's own. The
-    searches in ``attn_jax.decoding`` build one (``Transformer.for_decoding``) inside their traced function, so
-    the slices are loop-invariant values rather than copies made at every step.
+    A stacked ``[B, L_dec, G, C, K]`` cache costs a copy per layer and step inside a ``while`` loop: slicing
+    layer ``l`` out of a batch-leading stack is strided. One array per layer is read and written in place.
+
+    Attributes:
+      keys: ``L_dec`` arrays ``[B, G, C, K]``, each layer's self-attention keys (RoPE applied).
+      values: ``L_dec`` arrays ``[B, G, C, K]``, the matching values.
+      position: ``[B]`` int32, the index of the next target position.
+    """
+
+    keys: tuple[Float[Array, "B G C K"], ...]
+    values: tuple[Float[Array, "B G C K"], ...]
+    position: Int[Array, " B"]
+
+
+class TransformerDecoding:
+    """A :class:`Transformer` prepared for a decoding loop: its layers and caches split once, outside the loop.
+
+    The decoder layers are sliced from the stacked parameters once. :meth:`encode` splits the cross-attention
+    keys and values per layer, and :meth:`init_decoder_state` gives one cache array per layer
+    (:class:`TransformerDecodingState`). Inside a ``while`` loop XLA copies a slice of a stacked array at every
+    step, so none is taken there. Every other attribute is the model's own. The searches in
+    ``attn_jax.decoding`` build one (``Transformer.for_decoding``) inside their traced function.
     """
 
     def __init__(self, model: Transformer, layers: list[TransformerDecoderLayer]):
         self.model = model
         self.layers = layers
 
-    def decode_step(self, enc: EncoderOutput, state: TransformerDecoderState, prev_tokens: Int[Array, " B"]):
-        """:meth:`Transformer.decode_step` on the sliced layers."""
-        return self.model.decode_step(enc, state, prev_tokens, layers=self.layers)
+    def encode(self, src: Int[Array, "B S"], src_mask: Bool[Array, "B S"]) -> EncoderOutput:
+        """:meth:`Transformer.encode`, with ``keys`` one ``(keys, values)`` pair of ``[B, G, S, K]`` arrays per
+        decoder layer."""
+        enc = self.model.encode(src, src_mask)
+        kv = tuple((enc.keys[:, i, 0], enc.keys[:, i, 1]) for i in range(len(self.layers)))
+        return enc._replace(keys=kv)
+
+    def init_decoder_state(
+        self, enc: EncoderOutput, cache_length: int | None = None
+    ) -> TransformerDecodingState:
+        """Empty per-layer caches of ``cache_length`` (default ``config.max_length``) positions, position 0."""
+        state = self.model.init_decoder_state(enc, cache_length)
+        n = len(self.layers)
+        return TransformerDecodingState(
+            keys=tuple(state.keys[:, i] for i in range(n)),
+            values=tuple(state.values[:, i] for i in range(n)),
+            position=state.position,
+        )
+
+    def decode_step(self, enc: EncoderOutput, state: TransformerDecodingState, prev_tokens: Int[Array, " B"]):
+        """:meth:`Transformer.decode_step` on the sliced layers and per-layer caches."""
+        caches = tuple(zip(state.keys, state.values, strict=True))
+        logits, caches, attn = self.model._step(
+            self.layers, enc.keys, caches, enc.mask, state.position, prev_tokens
+        )
+        keys, values = (tuple(kv[j] for kv in caches) for j in (0, 1))
+        return logits, TransformerDecodingState(keys, values, state.position + 1), attn
 
     def __getattr__(self, name: str):
         return getattr(self.model, name)
