@@ -415,6 +415,58 @@ def test_for_decoding_steps_like_the_model_with_stacked_arrays_out_of_the_loop()
     assert not moved, f"a decode step transposes a {kernel} kernel: {moved}"
 
 
+def _zeroing_fusions(hlo: str, shapes: tuple[str, ...]) -> list[str]:
+    """Names of the fusions a ``while`` body of ``hlo`` calls that select between an operand and float zeros
+    into one of ``shapes``: the zeroing of unread key/value rows that :func:`dot_product_attention` does."""
+    blocks = {re.match(r"%?([\w.\-]+)", b)[1]: b for b in re.split(r"\n(?=%?[\w.\-]+ \()", hlo)}
+    called = {name for b in _while_bodies(hlo) for name in re.findall(r"calls=%?([\w.\-]+)", b)}
+    found = []
+    for name in called:
+        block = blocks.get(name, "")
+        zero = re.search(r"(%[\w.\-]+) = f32\[\] constant\(0\)", block)
+        if zero is None:
+            continue
+        selects = re.findall(r"= (f32\[[\d,]+\])\{[\d,]*\} select\(([^)]*)\)", block)
+        zeros = {zero[1]} | set(
+            re.findall(rf"(%[\w.\-]+) = f32\[[\d,]+\]\{{[\d,]*\}} broadcast\({zero[1]}\)", block)
+        )
+        if any(shape in shapes and zeros & {a.strip() for a in args.split(",")} for shape, args in selects):
+            found.append(name)
+    return found
+
+
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="reads XLA:CPU's optimised HLO")
+def test_for_decoding_zeroes_padding_once_not_at_every_step():
+    """``for_decoding``'s ``encode`` zeroes the padded cross-attention keys and values once, and its cache is
+    zero past each position. So a compiled beam search does not zero them again inside its loop, as
+    ``dot_product_attention`` does for every layer at every step. Its steps still equal the model's, bit for
+    bit (the test above). A structural check of the compiled program, not a timing."""
+    model = make_model(config("post-sinusoidal-untied", dropout=0.0, encoder_layers=1))  # random biases
+    rng = np.random.default_rng(1)
+    lengths = np.array([S, 2, 5, 1, 4])
+    src = jnp.asarray(rng.integers(3, VS, (B, S)), jnp.int32)
+    mask = jnp.asarray(np.arange(S)[None, :] < lengths[:, None])
+    full = model.encode(src, mask).keys  # [B, L_dec, 2, G, S, K]
+    view = model.for_decoding().encode(src, mask).keys
+    pad = ~np.asarray(mask)
+    by_position = np.asarray(full).transpose(0, 4, 1, 2, 3, 5)  # [B, S, L_dec, 2, G, K]
+    assert np.abs(by_position[pad]).max() > 0, "the model's own padded keys are zero: nothing to check"
+    for i, pair in enumerate(view):
+        for j, x in enumerate(pair):
+            x = np.asarray(x).transpose(0, 2, 1, 3)  # [B, S, G, K]
+            assert (x[pad] == 0).all(), f"layer {i}: padded rows of the {('keys', 'values')[j]} are not zero"
+            np.testing.assert_array_equal(x[~pad], by_position[:, :, i, j][~pad])
+
+    from tests.test_decoding import compiled_search_hlo
+
+    beam, length = 2, 6
+    hlo = compiled_search_hlo(*nnx.split(model), src, mask, beam_size=beam, length=length)
+    shapes = (f"f32[{B * beam},{H},{length},{K}]", f"f32[{B * beam},{H},{S},{K}]")
+    assert not _zeroing_fusions(hlo, shapes), (
+        f"a decode step zeroes {shapes} rows: {_zeroing_fusions(hlo, shapes)}"
+    )
+
+
 def test_decoder_state_tiles_and_reorders_for_beams():
     """``repeat_batch``/``gather_batch`` on the encoder output and state == decoding the selected rows."""
     compiled, batch, _, _ = variant("pre-rope-shared")

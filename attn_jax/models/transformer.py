@@ -83,6 +83,7 @@ from attn_jax.attention._masks import (
 )
 from attn_jax.attention._multihead import init_multi_head_params, project_heads, project_output
 from attn_jax.attention._normalizers import NORMALIZERS
+from attn_jax.attention._plain import dot_product_scores
 from attn_jax.attention._positional import (
     init_learned_positions,
     learned_positions,
@@ -94,6 +95,7 @@ from attn_jax.attention._relative import (
     relative_attention,
     relative_position_index,
 )
+from attn_jax.attention._softmax import masked_softmax, weighted_context
 from attn_jax.models.interface import (
     EncoderOutput,
     check_remat,
@@ -447,6 +449,31 @@ def _attend_heads(
     return project_output(p_out, ctx), weights
 
 
+def _attend_clean(
+    p_out: dict,
+    q: Float[Array, "B H T K"],
+    k: Float[Array, "B G S K"],
+    v: Float[Array, "B G S K"],
+    mask: Bool[Array, "B 1 T|1 S"],
+) -> tuple[Float[Array, "B T D"], Float[Array, "B H T S"]]:
+    """:func:`_attend_heads` (softmax, no positional term) for keys and values whose masked rows are zero.
+
+    :func:`dot_product_attention` zeroes every key and value row no query reads, so that NaN in padding
+    cannot reach a result. A decoding step's cache and cross-attention keys are zero there already
+    (:class:`TransformerDecoding` makes them so, once, before the loop). Zeroing them again costs one pass
+    over every layer's cache at every step. This path skips it and computes the same products.
+    """
+    b, heads, t, d = q.shape
+    groups = k.shape[-3]
+    if groups != heads:  # grouped-query attention: [B, G, H/G, T, K] against [B, G, 1, S, K]
+        q = q.reshape(b, groups, heads // groups, t, d)
+        k, v, mask = k[:, :, None], v[:, :, None], mask[:, :, None]
+    weights = masked_softmax(dot_product_scores(q, k), mask)
+    ctx = weighted_context(weights, v)
+    ctx, weights = ctx.reshape(b, heads, t, -1), weights.reshape(b, heads, t, -1)
+    return project_output(p_out, ctx), weights
+
+
 def _project_step(p: dict, x: Float[Array, "B 1 D"]) -> Float[Array, "B H 1 K"]:
     """``project_heads`` of one position as a plain ``[B, D] × [D, H·K]`` product, float32 accumulation.
 
@@ -754,13 +781,15 @@ class TransformerDecoderLayer(nnx.Module):
         cache: tuple[Float[Array, "B G C K"], Float[Array, "B G C K"]],
         position: Int[Array, " B"],
         cross_mask: Bool[Array, "B 1 1 S"],
+        clean: bool = False,
     ):
         """One target position ``t`` from the cache: ``(y, cross-attention weights [B, H, 1, S], new cache)``.
 
         ``kv`` is this layer's cross-attention keys and values, ``cache`` its self-attention ones. The new position's key and value are scattered into slot
         ``t``, one row each, so a step writes ``B`` slots rather than the whole cache. The query attends slots
         ``0..t``: teacher forcing's row ``t``, without recomputing earlier positions. A position past the
-        cache writes nothing.
+        cache writes nothing. ``clean``: the cache's slots past ``t`` and ``kv``'s padded rows are zero, so
+        softmax attention without positional terms skips zeroing them (:func:`_attend_clean`).
         """
         c = self.config
         p = _layer_params(self, self._NAMES)
@@ -779,18 +808,25 @@ class TransformerDecoderLayer(nnx.Module):
                 k = rotary_embedding(k, position[:, None, None])
             keys = cache_k.at[rows, :, position].set(k[:, :, 0].astype(cache_k.dtype), mode="drop")
             values = cache_v.at[rows, :, position].set(v[:, :, 0].astype(cache_v.dtype), mode="drop")
-            out, _ = _attend_heads(pa["out"], q, keys, values, visible, positional, c.normalizer)
+            if lean:
+                out, _ = _attend_clean(pa["out"], q, keys, values, visible)
+            else:
+                out, _ = _attend_heads(pa["out"], q, keys, values, visible, positional, c.normalizer)
             return out, (keys, values)
 
-        return self._sublayers(p, y, self_attention, kv, cross_mask, None, project=_project_step)
+        lean = clean and positional is None and c.normalizer == "softmax"
+        return self._sublayers(p, y, self_attention, kv, cross_mask, None, project=_project_step, lean=lean)
 
-    def _sublayers(self, p, y, self_attention, kv, cross_mask, keep, project=project_heads):
+    def _sublayers(self, p, y, self_attention, kv, cross_mask, keep, project=project_heads, lean=False):
         """Self-attention (``self_attention(h) -> (out, aux)``), cross-attention on ``kv`` (keys, values, each
-        ``[B, G, S, K]``), FFN: ``(y, weights, aux)``. ``project`` computes the cross-attention's queries."""
+        ``[B, G, S, K]``), FFN: ``(y, weights, aux)``. ``project`` computes the cross-attention's queries;
+        ``lean``: ``kv``'s padded rows are zero (:func:`_attend_clean`)."""
         c = self.config
 
         def cross_attention(h):
             q = project(p["cross_attention"]["query"], h)  # [B, H, T, K]
+            if lean:
+                return _attend_clean(p["cross_attention"]["out"], q, kv[0], kv[1], cross_mask)
             return _attend_heads(
                 p["cross_attention"]["out"], q, kv[0], kv[1], cross_mask, normalizer=c.normalizer
             )
@@ -1044,9 +1080,10 @@ class Transformer(nnx.Module):
         keys, values = (jnp.stack([kv_i[j] for kv_i in caches], axis=1) for j in (0, 1))
         return logits, TransformerDecoderState(keys, values, state.position + 1), attn
 
-    def _step(self, layers, kv, caches, src_mask, pos, prev_tokens):
+    def _step(self, layers, kv, caches, src_mask, pos, prev_tokens, clean=False):
         """One position through ``layers``, each with its cross keys/values ``kv[i]`` and cache ``caches[i]``:
-        ``(logits [B, V], new caches, last layer's head-averaged cross-attention [B, S])``."""
+        ``(logits [B, V], new caches, last layer's head-averaged cross-attention [B, S])``. ``clean``: see
+        :meth:`TransformerDecoderLayer.step`."""
         c = self.config
         check_tokens("prev_tokens", prev_tokens, src_mask.shape[0], rank=1)
         capacity = caches[0][0].shape[2]
@@ -1055,7 +1092,7 @@ class Transformer(nnx.Module):
         cross_mask = key_padding_mask(src_mask)[:, None]  # [B, 1, 1, S]
         new = []
         for decoder_layer, kv_i, cache in zip(layers, kv, caches, strict=True):
-            y, w, cache = decoder_layer.step(y, kv_i, cache, pos, cross_mask)
+            y, w, cache = decoder_layer.step(y, kv_i, cache, pos, cross_mask, clean)
             new.append(cache)
         if self.decoder_norm is not None:
             y = _layer_norm(unwrap(self.decoder_norm), y, c.layer_norm_eps)
@@ -1150,6 +1187,10 @@ class TransformerDecoding:
     (:class:`TransformerDecodingState`). Inside a ``while`` loop XLA copies a slice of a stacked array at every
     step, so none is taken there. Every other attribute is the model's own. The searches in
     ``attn_jax.decoding`` build one (``Transformer.for_decoding``) inside their traced function.
+
+    :meth:`encode` zeroes the padded cross-attention rows once, and a cache from :meth:`init_decoder_state`
+    is zero past each row's position. So :meth:`decode_step` skips the per-step zeroing of unread rows
+    that :func:`attn_jax.dot_product_attention` does. Step a state this object made, not one built by hand.
     """
 
     def __init__(self, model: Transformer, layers: list[TransformerDecoderLayer]):
@@ -1158,9 +1199,13 @@ class TransformerDecoding:
 
     def encode(self, src: Int[Array, "B S"], src_mask: Bool[Array, "B S"]) -> EncoderOutput:
         """:meth:`Transformer.encode`, with ``keys`` one ``(keys, values)`` pair of ``[B, G, S, K]`` arrays per
-        decoder layer."""
+        decoder layer, their padded rows zero."""
         enc = self.model.encode(src, src_mask)
-        kv = tuple((enc.keys[:, i, 0], enc.keys[:, i, 1]) for i in range(len(self.layers)))
+        live = enc.mask[:, None, :, None]  # [B, 1, S, 1]
+        kv = tuple(
+            tuple(jnp.where(live, enc.keys[:, i, j], 0).astype(enc.keys.dtype) for j in (0, 1))
+            for i in range(len(self.layers))
+        )
         return enc._replace(keys=kv)
 
     def init_decoder_state(
@@ -1179,7 +1224,7 @@ class TransformerDecoding:
         """:meth:`Transformer.decode_step` on the sliced layers and per-layer caches."""
         caches = tuple(zip(state.keys, state.values, strict=True))
         logits, caches, attn = self.model._step(
-            self.layers, enc.keys, caches, enc.mask, state.position, prev_tokens
+            self.layers, enc.keys, caches, enc.mask, state.position, prev_tokens, clean=True
         )
         keys, values = (tuple(kv[j] for kv in caches) for j in (0, 1))
         return logits, TransformerDecodingState(keys, values, state.position + 1), attn
