@@ -34,15 +34,14 @@ def attention_grads_ref(query, key, value, d_out, mask=None, bias=None, scale=No
     dq, dk, dv = np.zeros(qb.shape), np.zeros(kb.shape), np.zeros(vb.shape)
     ds_all = np.zeros(w.shape)
     for b in np.ndindex(*batch):
-        for t in range(T):
-            dp = [float(np.dot(gb[b + (t,)], vb[b + (s,)])) for s in range(S)]
-            delta = sum(w[b + (t, s)] * dp[s] for s in range(S))
-            for s in range(S):
-                ds = w[b + (t, s)] * (dp[s] - delta)
-                ds_all[b + (t, s)] = ds
-                dq[b + (t,)] += scale * ds * kb[b + (s,)]
-                dk[b + (s,)] += scale * ds * qb[b + (t,)]
-                dv[b + (s,)] += w[b + (t, s)] * gb[b + (t,)]
+        for t in range(T):  # one query row at a time; its S keys as float64 vectors
+            w_t = w[b + (t,)]  # [S]
+            dp = vb[b] @ gb[b + (t,)]  # [S]: d_out_t · v_s
+            ds = w_t * (dp - w_t @ dp)
+            ds_all[b + (t,)] = ds
+            dq[b + (t,)] += scale * (ds @ kb[b])
+            dk[b] += scale * np.outer(ds, qb[b + (t,)])
+            dv[b] += np.outer(w_t, gb[b + (t,)])
     dbias = None if bias is None else _unbroadcast(ds_all, np.shape(bias))
     return (
         _unbroadcast(dq, q.shape),
