@@ -74,6 +74,7 @@ from flax import nnx
 from attn_jax.attention._alibi import alibi_bias, alibi_slopes
 from attn_jax.attention._checks import positive_int
 from attn_jax.attention._dot_product import dot_product_attention
+from attn_jax.attention._gqa import group_operands, merge_groups
 from attn_jax.attention._masks import (
     key_padding_mask,
     make_causal_mask,
@@ -463,14 +464,13 @@ def _attend_clean(
     (:class:`TransformerDecoding` makes them so, once, before the loop). Zeroing them again costs one pass
     over every layer's cache at every step. This path skips it and computes the same products.
     """
-    b, heads, t, d = q.shape
-    groups = k.shape[-3]
+    heads, groups = q.shape[-3], k.shape[-3]
     if groups != heads:  # grouped-query attention: [B, G, H/G, T, K] against [B, G, 1, S, K]
-        q = q.reshape(b, groups, heads // groups, t, d)
-        k, v, mask = k[:, :, None], v[:, :, None], mask[:, :, None]
+        q, k, v, mask, _, _ = group_operands(q, k, v, mask, None, (), groups, heads // groups)
     weights = masked_softmax(dot_product_scores(q, k), mask)
     ctx = weighted_context(weights, v)
-    ctx, weights = ctx.reshape(b, heads, t, -1), weights.reshape(b, heads, t, -1)
+    if groups != heads:
+        ctx, weights = merge_groups(ctx), merge_groups(weights)
     return project_output(p_out, ctx), weights
 
 
@@ -1203,8 +1203,7 @@ class TransformerDecoding:
         enc = self.model.encode(src, src_mask)
         live = enc.mask[:, None, :, None]  # [B, 1, S, 1]
         kv = tuple(
-            tuple(jnp.where(live, enc.keys[:, i, j], 0).astype(enc.keys.dtype) for j in (0, 1))
-            for i in range(len(self.layers))
+            tuple(jnp.where(live, enc.keys[:, i, j], 0) for j in (0, 1)) for i in range(len(self.layers))
         )
         return enc._replace(keys=kv)
 
