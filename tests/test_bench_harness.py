@@ -137,3 +137,20 @@ def test_measure_interleaved_records_cpu_time_of_timed_calls(monkeypatch):
         assert burnt.user_s + burnt.system_s >= 0.004
         assert idle.user_s + idle.system_s < 0.004
         assert min(burnt.minor_faults, burnt.voluntary_switches, burnt.involuntary_switches) >= 0
+
+
+def test_row4_cli_corpus_has_every_word_and_row4_lengths(monkeypatch, tmp_path):
+    """Row 4's `attn-jax train` corpus: every one of V - 4 words a side, and tokens with </s> in [L/2, L]."""
+    import_harness(monkeypatch)
+    import importlib
+
+    row4_cli = importlib.import_module("rows.row4_cli")
+    vocab, length, pairs = 50, 12, 40
+    row4_cli.write_corpus(str(tmp_path), vocab, length, pairs)
+    for side, prefix in (("src", "s"), ("tgt", "t")):
+        lines = (tmp_path / f"train.{side}").read_text(encoding="utf-8").splitlines()
+        assert len(lines) == pairs
+        words = [w for line in lines for w in line.split()]
+        assert set(words) == {f"{prefix}{k}" for k in range(vocab - 4)}
+        tokens = [len(line.split()) + 1 for line in lines]  # + </s>
+        assert min(tokens) >= length // 2 and max(tokens) <= length, (min(tokens), max(tokens))

@@ -89,6 +89,9 @@ def test_quick_bench_writes_every_row_with_numbers(tmp_path):
     written = next(r for r in train if r[0].startswith("PyTorch, paper GRU"))
     fused = [r for r in train if r[0].startswith("PyTorch, fused")]
     assert jax_row[2] == written[2]
+    # The same network trained through `attn-jax train` (row4_cli asserts its parameter count too).
+    cli = next(r for r in train if r[0] == "attn_jax, `attn-jax train`")
+    assert cli[2] == jax_row[2] and float(cli[3].replace(",", "")) > 0, cli
     assert "1" in {r[1] for r in fused}
     hidden = int(re.search(r", n=(\d+),", cpu.split(ROW_TITLES[3])[1]).group(1))
     assert all(int(r[2].replace(",", "")) == int(jax_row[2].replace(",", "")) + 9 * hidden for r in fused)

@@ -9,6 +9,7 @@ import time
 
 from harness import Ctx, Section, fmt_spread, fmt_time, matmul_flops, torch_sync, verdict
 
+from rows import row4_cli
 from rows.rnnsearch import ADAM_EPS, CLIP_NORM, LEARNING_RATE, random_batches, step_config
 
 # Targets (README.md says where each comes from). Met only at the aim: machines differ by 20-40 %.
@@ -42,7 +43,12 @@ def row_training(ctx: Ctx) -> Section:
         "is the median of the runs' ratios with their min–max in brackets, and the verdict judges the median. "
         f"Target: attn_jax / fused peer ≥ {TRAIN_SPEEDUP_MIN} and attn_jax / paper peer ≥ {PAPER_SPEEDUP_MIN} "
         "(each at its faster thread count), at the bench size and at the "
-        "paper-like size. GFLOP/s counts the matrix products of attn_jax's train step (forward, backward and "
+        "paper-like size. The same size is then trained by `attn-jax train` itself (`configs/rnnsearch_cpu.py` "
+        "with row 4's sizes, optimiser and one bucket of padded length L, on a generated plain-text corpus of "
+        f"the same vocabulary and lengths), in fresh processes, one after each run of the in-process steps, with "
+        "the process settings a user gets; its tokens/s is the training loop's own log (timed steps over their "
+        "seconds, from step 3 on), and its ratios are taken run by run against the in-process sides' "
+        "tokens/s in the run just before it. GFLOP/s counts the matrix products of attn_jax's train step (forward, backward and "
         "update, read off its program) for every side, since all train the same network; % peak is against the "
         "machine table's measured float32 matmul peak. CPU ms are `getrusage` of the process per step.",
     )
@@ -71,6 +77,7 @@ def row_training(ctx: Ctx) -> Section:
 WRITTEN = "PyTorch, paper GRU written out"  # the numerical peer: attn_jax's exact function
 FUSED = "PyTorch, fused nn.GRU"  # the speed peer
 PAPER = "PyTorch, written from the paper"  # the second speed peer, independent of this project's code
+CLI = "attn_jax, `attn-jax train`"  # the same size trained by the command line, in fresh processes
 
 
 def _training_at(ctx: Ctx, sec: Section, label: str, cfg, batch: int, length: int, steps: int) -> None:
@@ -90,10 +97,21 @@ def _training_at(ctx: Ctx, sec: Section, label: str, cfg, batch: int, length: in
     state = jax.device_put(init_train_state(step_cfg, 0), jax.local_devices()[0])
     sides, params = _torch_sides(ctx, cfg, jax.device_get(state.params), threads, usable)
     flops = _step_flops(ctx, state, step_cfg, schedule[0])
-    times, losses, used = _interleaved_steps(ctx, label, state, step_cfg, sides, schedule, usable)
     runs = ctx.sizes.runs if steps >= 2 * ctx.sizes.runs else 1
     per_run = steps // runs
     groups = [slice(warmup + r * per_run, warmup + (r + 1) * per_run) for r in range(runs)]
+    ends = {g.stop - 1 for g in groups}
+    with row4_cli.CliRuns(ctx, cfg, batch, length, steps) as cli:
+
+        def after(i: int) -> None:  # one `attn-jax train` process after each run: both see the load's drift
+            if i in ends:
+                cli.run()
+
+        times, losses, used = _interleaved_steps(ctx, label, state, step_cfg, sides, schedule, usable, after)
+    if cli.parameters != params["attn_jax"]:  # the command line must train the same network
+        raise AssertionError(
+            f"attn-jax train has {cli.parameters:,} parameters, train_step {params['attn_jax']:,}"
+        )
 
     def tps(key, part: slice = slice(warmup, None)) -> float:
         chosen = schedule[part]
@@ -137,9 +155,57 @@ def _training_at(ctx: Ctx, sec: Section, label: str, cfg, batch: int, length: in
                 "{:.0f} / {:.0f}".format(*(1e3 * x / steps for x in used[(name, t)])),
             ]
             for name, t in times
+        ]
+        + [
+            [
+                CLI,
+                str(usable),
+                f"{cli.parameters:,}",
+                f"{statistics.median(cli.tokens_per_s):,.0f}",
+                fmt_time(statistics.median(cli.step_s)),
+                "—",
+                "—",
+                "—",
+                f"{flops / statistics.median(cli.step_s) / 1e9:.1f}",
+                ctx.peak.percent(flops / statistics.median(cli.step_s) / 1e9) if ctx.peak else "—",
+                "—",
+            ]
         ],
     )
-    sec.table(["quantity", "value", "target", "status"], _ratio_rows(tps_runs, losses, threads, usable))
+    rows = _ratio_rows(tps_runs, losses, threads, usable)
+    rows += _cli_rows(cli.tokens_per_s, tps_runs, threads, usable)
+    sec.table(["quantity", "value", "target", "status"], rows)
+
+
+def _cli_rows(cli_tps: list[float], tps_runs, threads: list[int], usable: int) -> list[list[str]]:
+    """`attn-jax train` against the in-process step and each speed peer at its faster thread count.
+
+    ``cli_tps`` holds one process's tokens/s per run; ``tps_runs(key)`` a side's tokens/s in each run. Each
+    process ran right after its run, so a ratio is taken run by run.
+    """
+
+    def ratios(key) -> list[float]:
+        return [c / p for c, p in zip(cli_tps, tps_runs(key), strict=True)]
+
+    rows = [
+        [
+            "`attn-jax train` / in-process `train_step`",
+            fmt_spread(ratios(("attn_jax", usable))),
+            "(info)",
+            "—",
+        ]
+    ]
+    for name, short, aim in ((FUSED, "fused", TRAIN_SPEEDUP_MIN), (PAPER, "paper", PAPER_SPEEDUP_MIN)):
+        t = min(threads, key=lambda t: statistics.median(ratios((name, t))))  # the faster peer
+        rows.append(
+            [
+                f"`attn-jax train` / {short} peer at {t} thread{'s' if t > 1 else ''}",
+                fmt_spread(ratios((name, t))),
+                f"≥ {aim} against the faster",
+                verdict(statistics.median(ratios((name, t))) >= aim),
+            ]
+        )
+    return rows
 
 
 def _step_flops(ctx: Ctx, state, step_cfg, batch) -> float:
@@ -205,8 +271,9 @@ def _torch_batch(ctx: Ctx, bt):
     )
 
 
-def _interleaved_steps(ctx: Ctx, label: str, state, step_cfg, sides, schedule, usable: int):
-    """Every batch of ``schedule`` through attn_jax's train_step, then each PyTorch side at its thread count.
+def _interleaved_steps(ctx: Ctx, label: str, state, step_cfg, sides, schedule, usable: int, after=None):
+    """Every batch of ``schedule`` through attn_jax's train_step, then each PyTorch side at its thread count;
+    then ``after(i)``, if given, outside the timed steps.
 
     Returns the seconds and the loss of every step, keyed like ``sides`` plus ``("attn_jax", usable)``, and
     each side's user and system CPU seconds over the timed steps (the two warm-up steps left out).
@@ -248,6 +315,8 @@ def _interleaved_steps(ctx: Ctx, label: str, state, step_cfg, sides, schedule, u
             finally:
                 torch.set_num_threads(usable)
         ctx.log(f"row 4 ({label}): step {i + 1}/{len(schedule)}")
+        if after is not None:
+            after(i)
     return times, losses, used
 
 
