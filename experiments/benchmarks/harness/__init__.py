@@ -2,6 +2,7 @@
 
 from harness.context import (
     BENCH_DIR,
+    CLI,
     DEFAULT_OUT,
     FULL,
     GIB,
@@ -10,6 +11,7 @@ from harness.context import (
     REPO,
     Ctx,
     Sizes,
+    subprocess_env,
     torch_thread_counts,
     usable_cores,
 )
@@ -40,6 +42,7 @@ from harness.timing import (
 
 __all__ = [
     "BENCH_DIR",
+    "CLI",
     "DEFAULT_OUT",
     "FULL",
     "GIB",
@@ -69,6 +72,7 @@ __all__ = [
     "measure_runs",
     "peak_info",
     "section_marker",
+    "subprocess_env",
     "torch_sync",
     "torch_thread_counts",
     "usable_cores",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 import time
 from typing import TYPE_CHECKING
 
@@ -15,6 +16,15 @@ REPO = os.path.dirname(os.path.dirname(BENCH_DIR))
 DEFAULT_OUT = os.path.join(BENCH_DIR, "RESULTS.md")
 GIB = 1 << 30
 MIB = 1 << 20
+CLI = (sys.executable, "-m", "attn_jax.cli")  # the command line, as the rows that run it start it
+
+
+def subprocess_env(**extra: str) -> dict[str, str]:
+    """This process's environment plus ``extra``, with the repository first on ``PYTHONPATH``: a row's
+    subprocess imports this checkout's attn_jax."""
+    env = dict(os.environ, **extra)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [REPO, env.get("PYTHONPATH", "")]))
+    return env
 
 
 def usable_cores() -> int:

@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import functools
-import os
 import subprocess
 import sys
 
 from harness import (
-    REPO,
     Ctx,
     Section,
     compiled_bytes,
@@ -17,6 +15,7 @@ from harness import (
     fmt_time,
     jax_call,
     measure_interleaved,
+    subprocess_env,
     verdict,
 )
 
@@ -62,8 +61,7 @@ def _rss_table(ctx: Ctx, sec: Section, h: int, d: int) -> dict[tuple[int, str, s
     import json as _json
 
     rows, grown = [], {}
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [REPO, env.get("PYTHONPATH", "")]))
+    env = subprocess_env()
     for length in ctx.sizes.rss_lengths:
         for mode in ("fwd", "fwd+bwd"):
             row = [str(length), mode]

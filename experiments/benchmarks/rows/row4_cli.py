@@ -6,10 +6,9 @@ import json
 import os
 import re
 import subprocess
-import sys
 import tempfile
 
-from harness import REPO, Ctx
+from harness import CLI, REPO, Ctx, subprocess_env
 
 from rows.rnnsearch import ADAM_EPS, CLIP_NORM, LEARNING_RATE
 
@@ -50,9 +49,7 @@ def cli_command(cfg, batch: int, length: int, steps: int, data: str, workdir: st
     after it time the same steps as row 4's timed ones. No validation; everything else is the config's.
     """
     return [
-        sys.executable,
-        "-m",
-        "attn_jax.cli",
+        *CLI,
         "train",
         "--config",
         CONFIG,
@@ -93,8 +90,7 @@ class CliRuns:
 
     def __init__(self, ctx: Ctx, cfg, batch: int, length: int, steps: int):
         self.ctx, self.cfg, self.batch, self.length, self.steps = ctx, cfg, batch, length, steps
-        self.env = dict(os.environ, JAX_PLATFORMS="cpu")
-        self.env["PYTHONPATH"] = os.pathsep.join(filter(None, [REPO, self.env.get("PYTHONPATH", "")]))
+        self.env = subprocess_env(JAX_PLATFORMS="cpu")
         self.tokens_per_s: list[float] = []
         self.step_s: list[float] = []
         self.parameters: int | None = None

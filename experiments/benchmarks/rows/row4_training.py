@@ -45,11 +45,11 @@ def row_training(ctx: Ctx) -> Section:
         "(each at its faster thread count), at the bench size and at the "
         "paper-like size. The same size is then trained by `attn-jax train` itself (`configs/rnnsearch_cpu.py` "
         "with row 4's sizes, optimiser and one bucket of padded length L, on a generated plain-text corpus of "
-        f"the same vocabulary and lengths), in fresh processes, one after each run of the in-process steps, with "
+        "the same vocabulary and lengths), in fresh processes, one after each run of the in-process steps, with "
         "the process settings a user gets; its tokens/s is the training loop's own log (timed steps over their "
         "seconds, from step 3 on), and its ratios are taken run by run against the in-process sides' "
-        "tokens/s in the run just before it. GFLOP/s counts the matrix products of attn_jax's train step (forward, backward and "
-        "update, read off its program) for every side, since all train the same network; % peak is against the "
+        "tokens/s in the run just before it. GFLOP/s counts the matrix products of attn_jax's train step "
+        "(forward, backward and update, read off its program) for every side, since all train the same network; % peak is against the "
         "machine table's measured float32 matmul peak. CPU ms are `getrusage` of the process per step.",
     )
     sizes = [("bench size", cfg, s.train_batch, s.train_length, s.train_steps)]
@@ -113,6 +113,8 @@ def _training_at(ctx: Ctx, sec: Section, label: str, cfg, batch: int, length: in
             f"attn-jax train has {cli.parameters:,} parameters, train_step {params['attn_jax']:,}"
         )
 
+    cli_step = statistics.median(cli.step_s)
+
     def tps(key, part: slice = slice(warmup, None)) -> float:
         chosen = schedule[part]
         return sum(int(bt.tgt_len.sum()) for bt in chosen) / (
@@ -162,12 +164,12 @@ def _training_at(ctx: Ctx, sec: Section, label: str, cfg, batch: int, length: in
                 str(usable),
                 f"{cli.parameters:,}",
                 f"{statistics.median(cli.tokens_per_s):,.0f}",
-                fmt_time(statistics.median(cli.step_s)),
+                fmt_time(cli_step),
                 "—",
                 "—",
                 "—",
-                f"{flops / statistics.median(cli.step_s) / 1e9:.1f}",
-                ctx.peak.percent(flops / statistics.median(cli.step_s) / 1e9) if ctx.peak else "—",
+                f"{flops / cli_step / 1e9:.1f}",
+                ctx.peak.percent(flops / cli_step / 1e9) if ctx.peak else "—",
                 "—",
             ]
         ],
@@ -196,13 +198,14 @@ def _cli_rows(cli_tps: list[float], tps_runs, threads: list[int], usable: int) -
         ]
     ]
     for name, short, aim in ((FUSED, "fused", TRAIN_SPEEDUP_MIN), (PAPER, "paper", PAPER_SPEEDUP_MIN)):
-        t = min(threads, key=lambda t: statistics.median(ratios((name, t))))  # the faster peer
+        by_threads = {t: ratios((name, t)) for t in threads}
+        t = min(threads, key=lambda t: statistics.median(by_threads[t]))  # the faster peer
         rows.append(
             [
                 f"`attn-jax train` / {short} peer at {t} thread{'s' if t > 1 else ''}",
-                fmt_spread(ratios((name, t))),
+                fmt_spread(by_threads[t]),
                 f"≥ {aim} against the faster",
-                verdict(statistics.median(ratios((name, t))) >= aim),
+                verdict(statistics.median(by_threads[t]) >= aim),
             ]
         )
     return rows

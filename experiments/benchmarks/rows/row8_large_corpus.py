@@ -9,7 +9,7 @@ import subprocess
 import sys
 import time
 
-from harness import REPO, Ctx, Section, fmt_bytes, fmt_ratio, fmt_time, verdict
+from harness import CLI, REPO, Ctx, Section, fmt_bytes, fmt_ratio, fmt_time, subprocess_env, verdict
 
 # Targets (README.md says where each comes from).
 CORPUS_RSS_RATIO_MAX = 1.2  # peak RSS at 5·10^6 pairs under 1.2x that at 10^5, with no data flag
@@ -82,9 +82,8 @@ def row_large_corpus(ctx: Ctx) -> Section:
 
     sizes = ctx.sizes
     smoke = os.path.join(REPO, "configs", "rnnsearch_cpu.py:smoke")
-    env = dict(os.environ, JAX_PLATFORMS="cpu")
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [REPO, env.get("PYTHONPATH", "")]))
-    cli = [sys.executable, "-m", "attn_jax.cli"]
+    env = subprocess_env(JAX_PLATFORMS="cpu")
+    cli = list(CLI)
     above = sizes.corpus_prepare_above
     flag = (
         "no data flag (`data.prepare_above`'s default decides)"

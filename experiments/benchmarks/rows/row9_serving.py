@@ -7,10 +7,9 @@ import os
 import re
 import statistics
 import subprocess
-import sys
 import time
 
-from harness import REPO, Ctx, Section, fmt_bytes, fmt_ratio, fmt_time, verdict
+from harness import CLI, REPO, Ctx, Section, fmt_bytes, fmt_ratio, fmt_time, subprocess_env, verdict
 
 # Targets (README.md says where each comes from).
 LOST_MAX = 0  # requests without an answer (connection error, timeout): none
@@ -101,9 +100,8 @@ def row_serving(ctx: Ctx) -> Section:
     import tempfile
 
     sizes = ctx.sizes
-    env = dict(os.environ, JAX_PLATFORMS="cpu")
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [REPO, env.get("PYTHONPATH", "")]))
-    cli = [sys.executable, "-m", "attn_jax.cli"]
+    env = subprocess_env(JAX_PLATFORMS="cpu")
+    cli = list(CLI)
     n = sizes.serve_requests
     sec = Section(
         "9. Serving: `attn-jax serve` under concurrent HTTP clients vs `attn-jax translate`",
